@@ -1,0 +1,31 @@
+"""subwabbit: serve Vowpal Wabbit models from Python through a vw engine on pipes.
+
+:class:`VowpalWabbitProcess` gives the best throughput;
+:class:`VowpalWabbitNonBlockingProcess` (Linux) returns by a hard deadline.
+"""
+
+from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter
+from .blocking import VowpalWabbitProcess
+from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitProtocolError,
+                     VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+from .explanation import AuditFeature, parse_audit_features
+from .nonblocking import VowpalWabbitNonBlockingProcess
+from .plt import VowpalWabbitPLTProcess
+from .version import __version__
+
+__all__ = [
+    "AuditFeature",
+    "VowpalWabbitBaseFormatter",
+    "VowpalWabbitBaseModel",
+    "VowpalWabbitDummyFormatter",
+    "VowpalWabbitEngineExitedError",
+    "VowpalWabbitError",
+    "VowpalWabbitNonBlockingProcess",
+    "VowpalWabbitPLTProcess",
+    "VowpalWabbitProcess",
+    "VowpalWabbitProtocolError",
+    "VowpalWabbitStartupError",
+    "VowpalWabbitTimeoutError",
+    "__version__",
+    "parse_audit_features",
+]

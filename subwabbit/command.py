@@ -1,0 +1,130 @@
+"""Choosing the engine command and checking the arguments given to it."""
+
+import os
+import shlex
+import shutil
+import sys
+from typing import List, Optional, Sequence, Union
+
+#: Environment variable that names the engine command (parsed with :func:`shlex.split`).
+ENGINE_ENV_VAR = "SUBWABBIT_VW"
+
+#: Options the client sets itself: it owns the engine's input, output and logs.
+_OWNED_OPTIONS = {
+    "-p": "predictions are read from the engine's stdout by subwabbit",
+    "--predictions": "predictions are read from the engine's stdout by subwabbit",
+    "-d": "examples are sent on the engine's stdin by subwabbit",
+    "--data": "examples are sent on the engine's stdin by subwabbit",
+    "--daemon": "subwabbit talks to the engine over pipes, not sockets",
+    "--port": "subwabbit talks to the engine over pipes, not sockets",
+    "--log_output": "subwabbit sends the engine's logs to stderr and forwards them to logging",
+    "--driver_output": "subwabbit keeps the engine's stdout for predictions",
+    "-a": "pass audit_mode=True instead",
+    "--audit": "pass audit_mode=True instead",
+}
+
+#: Reductions whose examples span several lines: they break one-prediction-per-line.
+_MULTILINE_OPTIONS = (
+    "--cb_adf", "--cb_explore_adf", "--ccb_explore_adf", "--slates", "--csoaa_ldf",
+    "--wap_ldf", "--search", "--explore_eval",
+)
+
+VwArgs = Union[Sequence[Union[str, int, float]], str]
+
+
+def _option_name(arg: str) -> Optional[str]:
+    """The option an argument token names (``-p`` for ``-pfile``), or ``None``."""
+    if arg.startswith("--"):
+        return arg.split("=", 1)[0]
+    if arg.startswith("-") and len(arg) >= 2 and not arg[1].isdigit() and arg[1] != ".":
+        return arg[:2]
+    return None
+
+
+def normalize_vw_args(vw_args: VwArgs) -> List[str]:
+    """Check user-supplied engine arguments and return them as a list of strings.
+
+    :param vw_args: a list of tokens (``['-q', 'ui', '--l2', 1e-6]``) or one string
+        split like a shell would
+    :returns: the arguments as strings
+    :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
+        ``--audit``, ...), a multi-line reduction, or a token with a NUL byte
+    :raises TypeError: for a token that is not a string or a number
+    """
+    if isinstance(vw_args, str):
+        tokens: List[str] = shlex.split(vw_args)
+    else:
+        tokens = []
+        for token in vw_args:
+            if isinstance(token, bool) or not isinstance(token, (str, int, float)):
+                raise TypeError(f"vw_args must hold strings or numbers, got {token!r}")
+            tokens.append(str(token))
+    for index, token in enumerate(tokens):
+        if "\0" in token:
+            raise ValueError(f"vw_args[{index}] contains a NUL byte: {token!r}")
+        name = _option_name(token)
+        if name in _OWNED_OPTIONS:
+            raise ValueError(f"vw_args must not contain {token!r}: {_OWNED_OPTIONS[name]}")
+        if name in ("-r", "--raw_predictions"):
+            value = token.split("=", 1)[1] if "=" in token else (
+                token[2:] if name == "-r" and len(token) > 2 else
+                (tokens[index + 1] if index + 1 < len(tokens) else ""))
+            if value in ("stdout", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+                raise ValueError("vw_args must not send raw predictions to stdout: "
+                                 "subwabbit reads predictions from it")
+        if name in _MULTILINE_OPTIONS:
+            raise ValueError(f"vw_args contains {name}: multi-line examples are not supported, "
+                             "each example must be exactly one line")
+    return tokens
+
+
+def default_engine_command() -> List[str]:
+    """The command that runs the engine shipped with the ``vowpalwabbit`` wheel."""
+    return [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine.py")]
+
+
+def resolve_engine_command(vw_command: Union[str, Sequence[str], None] = None) -> List[str]:
+    """Choose the engine command.
+
+    In order: ``vw_command`` if given (a path, or an argv list), else the
+    ``SUBWABBIT_VW`` environment variable (split like a shell would), else a
+    ``vw`` executable on ``PATH``, else the wheel's engine through
+    :mod:`subwabbit.engine`.
+
+    :param vw_command: an explicit command, or ``None``
+    :returns: the argv prefix to which engine options are appended
+    :raises ValueError: for an empty command
+    """
+    if vw_command is not None:
+        command = [vw_command] if isinstance(vw_command, str) else [str(part) for part in vw_command]
+        if not command or not command[0]:
+            raise ValueError("vw_command must name an executable")
+        return command
+    from_env = os.environ.get(ENGINE_ENV_VAR, "").strip()
+    if from_env:
+        return shlex.split(from_env)
+    on_path = shutil.which("vw")
+    if on_path:
+        return [on_path]
+    return default_engine_command()
+
+
+def build_argv(command: Sequence[str], vw_args: Sequence[str], *, predictions: bool,
+               audit: bool) -> List[str]:
+    """The full engine command line.
+
+    :param command: from :func:`resolve_engine_command`
+    :param vw_args: from :func:`normalize_vw_args`
+    :param predictions: whether the engine writes predictions to stdout
+    :param audit: whether to run in audit mode (``--audit``)
+    :returns: the argv to execute
+    """
+    argv = list(command)
+    if predictions:
+        argv += ["-p", "stdout"]
+    # Logs go to stderr, which subwabbit drains; stdout carries predictions only.
+    argv += ["--log_output", "stderr", "--driver_output_off"]
+    if audit:
+        argv.append("--audit")
+    argv += list(vw_args)
+    return argv

@@ -1,0 +1,54 @@
+"""Turning caller-supplied timeouts into absolute deadlines.
+
+All deadlines in subwabbit are :func:`time.perf_counter` values.
+"""
+
+import math
+import time
+from typing import Optional
+
+
+def validate_seconds(value: Optional[float], name: str, allow_none: bool = True) -> Optional[float]:
+    """Check that ``value`` is a usable, non-negative number of seconds.
+
+    :param value: the number to check
+    :param name: the parameter's name, used in the error message
+    :param allow_none: whether ``None`` (no limit) is acceptable
+    :returns: ``value`` as a float, or ``None``
+    :raises TypeError: for a bool or a non-number
+    :raises ValueError: for a negative or NaN number, or ``None`` when not allowed
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise ValueError(f"{name} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
+    return value
+
+
+def deadline_from_timeout(timeout: Optional[float], name: str = "timeout",
+                          start: Optional[float] = None) -> Optional[float]:
+    """Convert a relative timeout into an absolute :func:`time.perf_counter` deadline.
+
+    ``None`` means no deadline; ``0`` means a deadline that has already passed.
+
+    :param timeout: seconds from ``start``, or ``None``
+    :param name: the parameter's name, for error messages
+    :param start: the reference time (default: now)
+    :returns: the deadline, or ``None``
+    """
+    seconds = validate_seconds(timeout, name)
+    if seconds is None:
+        return None
+    return (time.perf_counter() if start is None else start) + seconds
+
+
+def remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left until ``deadline`` (never negative), or ``None`` without a deadline."""
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.perf_counter())

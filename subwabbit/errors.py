@@ -1,0 +1,84 @@
+"""Exceptions raised by subwabbit.
+
+Everything the library raises because of the engine derives from
+:class:`VowpalWabbitError`. Invalid arguments from the caller stay
+:class:`ValueError` / :class:`TypeError` and are raised before anything is
+sent to the engine.
+"""
+
+import signal
+from typing import Optional, Sequence
+
+
+class VowpalWabbitError(Exception):
+    """Base class of errors about the vw engine or the use of a process object.
+
+    :ivar argv: the engine's command line, when the error is about an engine
+    :ivar returncode: the engine's exit code (negative: killed by that signal),
+        or ``None`` while it runs or when unknown
+    :ivar stderr_tail: the last lines the engine wrote to its stderr
+    :ivar output: what the engine printed on stdout when that explains the
+        error (a real ``vw`` prints fatal argument errors there)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        returncode: Optional[int] = None,
+        stderr_tail: str = "",
+        output: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.argv = list(argv) if argv is not None else None
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        self.output = output
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.returncode is not None:
+            parts.append(f"engine {describe_returncode(self.returncode)}")
+        if self.output.strip():
+            parts.append(f"engine stdout: {self.output.strip()}")
+        if self.stderr_tail.strip():
+            parts.append(f"engine stderr: {self.stderr_tail.strip()}")
+        if self.argv is not None:
+            parts.append(f"argv: {self.argv}")
+        return "\n".join(parts)
+
+
+class VowpalWabbitStartupError(VowpalWabbitError):
+    """The engine could not be started: missing executable, invalid arguments,
+    unreadable model, or no sign of life within the start-up timeout."""
+
+
+class VowpalWabbitEngineExitedError(VowpalWabbitError):
+    """The engine exited (or closed its pipes) while a call needed it."""
+
+
+class VowpalWabbitTimeoutError(VowpalWabbitError):
+    """The engine did not answer within an I/O timeout."""
+
+
+class VowpalWabbitProtocolError(VowpalWabbitError):
+    """The engine printed something that is not a prediction of the expected
+    shape; the process object can no longer tell which prediction is whose and
+    must be closed."""
+
+
+def describe_returncode(returncode: int) -> str:
+    """Describe an exit status as ``exited with code N`` or ``killed by SIGX``.
+
+    :param returncode: a :attr:`subprocess.Popen.returncode`
+    :returns: a short human-readable phrase
+    """
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"

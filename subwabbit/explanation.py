@@ -1,0 +1,102 @@
+"""Parsing the feature lines of VW's audit mode into explanations.
+
+With ``--audit`` the engine prints, for every example, a line of
+tab-separated features ``namespace^feature:hashindex:value:weight[@adaptive]``
+(9.x starts the line with a tab; quadratic and higher interactions appear as
+``a^x*b^y``; the ``@...`` part is missing under ``-t``).
+"""
+
+import html
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+
+class AuditFeature(NamedTuple):
+    """One feature of an audit line."""
+
+    #: the name as vw prints it, e.g. ``u^u12*i^i7``
+    name: str
+    hashindex: int
+    value: float
+    weight: float
+
+
+def parse_audit_features(explanation_string: str) -> List[AuditFeature]:
+    """Split an audit line into its features.
+
+    :param explanation_string: the line, with or without its leading tab
+    :returns: the features in the order vw printed them
+    :raises ValueError: for an entry that does not have the audit shape
+    """
+    features = []
+    for entry in explanation_string.strip("\r\n").split("\t"):
+        if not entry:
+            continue
+        parts = entry.rsplit(":", 3)
+        if len(parts) != 4:
+            raise ValueError(f"not an audit feature (name:hashindex:value:weight): {entry!r}")
+        name, hashindex, value, weight = parts
+        features.append(AuditFeature(name, int(hashindex), float(value),
+                                     float(weight.split("@", 1)[0])))
+    return features
+
+
+def explain_features(explanation_string: str,
+                     parse_element: Callable[[str, Any], Tuple[str, str]],
+                     feature_translator: Any = None) -> List[Dict[str, Any]]:
+    """Turn an audit line into dicts sorted by contribution (largest first).
+
+    Each dict holds ``names`` (a ``(namespace, feature)`` pair per element of an
+    interaction, as ``parse_element`` translates it), ``original_feature_name``,
+    ``hashindex``, ``value``, ``weight``, ``potential`` (value times weight) and
+    ``relative_potential`` (its share of the sum of absolute potentials).
+    """
+    rows = []
+    for feature in parse_audit_features(explanation_string):
+        rows.append({
+            "names": [parse_element(element, feature_translator)
+                      for element in feature.name.split("*")],
+            "original_feature_name": feature.name,
+            "hashindex": feature.hashindex,
+            "value": feature.value,
+            "weight": feature.weight,
+            "potential": feature.value * feature.weight,
+        })
+    total = sum(abs(row["potential"]) for row in rows) or 1.0
+    for row in rows:
+        row["relative_potential"] = abs(row["potential"]) / total
+    rows.sort(key=lambda row: row["relative_potential"], reverse=True)
+    return rows
+
+
+class HtmlExplanation(str):
+    """An HTML table that Jupyter renders (through ``_repr_html_``) without IPython
+    being a dependency; otherwise a plain string."""
+
+    def _repr_html_(self) -> str:
+        return str(self)
+
+
+def explanation_html(rows: List[Dict[str, Any]], max_rows: Optional[int] = None) -> HtmlExplanation:
+    """Render rows from :func:`explain_features` as an HTML table with bars.
+
+    :param rows: the explanation
+    :param max_rows: show only this many of the most important features
+    """
+    body = []
+    for row in rows[:max_rows] if max_rows is not None else rows:
+        name = ' <span style="color: grey">&times;</span> '.join(
+            f"{html.escape(namespace)}: <i>{html.escape(feature)}</i>" if namespace
+            else f"<i>{html.escape(feature)}</i>"
+            for namespace, feature in row["names"])
+        colour = "green" if row["potential"] > 0 else "red"
+        body.append(
+            "<tr>"
+            '<td><div style="width: 100px; border: 1px solid; border-radius: 4px">'
+            f'<div style="width: {row["relative_potential"] * 100:.1f}%; height: 16px; '
+            f'background-color: {colour}"></div></div></td>'
+            f'<td>{row["potential"]:.4f}</td><td>{row["value"]:.4f}</td>'
+            f'<td>{row["weight"]:.4f}</td><td>{name}</td>'
+            "</tr>")
+    return HtmlExplanation(
+        "<table><thead><tr><th>Relative potential</th><th>Potential</th><th>Value</th>"
+        "<th>Weight</th><th>Feature</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>")

@@ -1,0 +1,109 @@
+"""Checking VW text lines before they are sent, and parsing prediction lines.
+
+The client counts one prediction per line it sends, so every line must be
+one the engine answers exactly once: no embedded line breaks (two examples),
+not empty (no answer), and not a featureless example tagged ``save...`` (the
+engine's save command, which answers nothing).
+"""
+
+from typing import List, Sequence
+
+from .errors import VowpalWabbitProtocolError
+
+
+def check_line_part(part: str, what: str) -> None:
+    """Check a piece of a line (for example the common part of a request).
+
+    :param part: the text
+    :param what: how to name it in the error message
+    :raises TypeError: when ``part`` is not a string
+    :raises ValueError: when it contains a line break
+    """
+    if not isinstance(part, str):
+        raise TypeError(f"{what} must be a str, got {type(part).__name__}")
+    if "\n" in part or "\r" in part:
+        raise ValueError(f"{what} contains a line break, which would split the example: {part!r}")
+
+
+def _is_save_command(line: str) -> bool:
+    """Whether the engine would take ``line`` as its save command."""
+    header, bar, rest = line.partition("|")
+    if not any(token.lstrip("'").startswith("save") for token in header.split()):
+        return False
+    if not bar:
+        return True
+    for segment in rest.split("|"):
+        tokens = segment.split()
+        if segment and not segment[0].isspace():
+            tokens = tokens[1:]  # the namespace name
+        if tokens:
+            return False
+    return True
+
+
+def check_line(line: str, index: int = 0) -> None:
+    """Check that ``line`` is one example that yields exactly one prediction.
+
+    :param line: a formatted example, without its newline
+    :param index: its position in the request, for the error message
+    :raises TypeError: when ``line`` is not a string
+    :raises ValueError: for a line break, an empty line or a save command
+    """
+    if not isinstance(line, str):
+        raise TypeError(f"formatted example #{index} must be a str, got {type(line).__name__}")
+    if "\n" in line or "\r" in line:
+        raise ValueError(f"formatted example #{index} contains a line break, which would make "
+                         f"it two examples: {line!r}")
+    if not line:
+        raise ValueError(f"formatted example #{index} is empty; vw answers nothing to an empty line")
+    if "save" in line and _is_save_command(line):
+        raise ValueError(f"formatted example #{index} is a featureless example tagged 'save...', "
+                         f"which vw takes as a command to save its model: {line!r}")
+
+
+def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
+    """Check ``lines`` and encode them as newline-terminated UTF-8.
+
+    :param lines: formatted examples
+    :param first_index: the request position of ``lines[0]``, for error messages
+    :returns: the bytes to send
+    :raises ValueError: see :func:`check_line`; also for text that is not valid Unicode
+    """
+    try:
+        text = "\n".join(lines)
+    except TypeError:
+        text = ""
+    if not text or text.count("\n") != len(lines) - 1 or "\r" in text or "save" in text \
+            or "" in lines:
+        for offset, line in enumerate(lines):
+            check_line(line, first_index + offset)
+    return (text + "\n").encode("utf-8")
+
+
+def parse_scalar(line: bytes) -> float:
+    """Parse a prediction line such as ``0.703793`` or ``0.703793 tag``.
+
+    :raises VowpalWabbitProtocolError: when the line holds no number
+    """
+    try:
+        return float(line)
+    except ValueError:
+        pass
+    try:
+        return float(line.split(None, 1)[0])
+    except (ValueError, IndexError):
+        raise VowpalWabbitProtocolError(
+            f"the vw engine printed {line!r} where a prediction was expected") from None
+
+
+def parse_scalars(lines: List[bytes]) -> List[float]:
+    """Parse prediction lines into floats (fast path for plain numbers)."""
+    try:
+        return [float(line) for line in lines]
+    except ValueError:
+        return [parse_scalar(line) for line in lines]
+
+
+def parse_labels(lines: List[bytes]) -> List[str]:
+    """Parse label-list predictions such as ``0,1 `` (``--plt``) into ``'0,1'``."""
+    return [line.decode("utf-8", "replace").strip() for line in lines]
