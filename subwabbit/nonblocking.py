@@ -301,8 +301,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                 if predictions is not None:
                     progressed = True
                     for prediction in predictions:
+                        yielded += 1  # counted before the caller can stop at this yield
                         yield prediction
-                        yielded += 1
                     self._check_token(token)
                 # 4. done, or 5. sleep until the engine can take or give more
                 if not producing and not self._pending:

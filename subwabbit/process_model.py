@@ -206,6 +206,11 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         disturbed. The file appears atomically (written beside ``path``, then
         renamed) and is complete when this method returns.
 
+        .. note:: The engine saves what it has. A process running with ``-t``
+           saves its weights without the learning state, and in vw 9.x such a
+           model scores differently once loaded (``vw -i m -t -f copy`` does the
+           same); save from a process without ``-t`` to keep a model intact.
+
         :param path: where to write the model (parent directories are created)
         :param timeout: seconds to wait for the engine; ``None``: no limit
         :raises VowpalWabbitError: when the engine fails or times out

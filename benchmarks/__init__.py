@@ -1,0 +1,1 @@
+"""Benchmarks for subwabbit (run as ``python -m benchmarks.<name>``)."""

@@ -1,0 +1,108 @@
+"""Shared fixtures: a real engine, a formatter, and the engine's own answers
+for the same lines read from a file (the ground truth every test compares to)."""
+
+import os
+import subprocess
+import sys
+from typing import Any, List, Sequence
+
+import pytest
+
+from subwabbit import VowpalWabbitBaseFormatter
+from subwabbit.command import default_engine_command
+
+
+class DictFormatter(VowpalWabbitBaseFormatter):
+    """Formats ``{'user': 'u1', 'ctx': ['a', 'b']}`` requests and ``{'id': 7}`` items,
+    and records every ``debug_info`` it receives."""
+
+    def __init__(self) -> None:
+        self.debug_infos: List[Any] = []
+
+    def format_common_features(self, common_features: Any, debug_info: Any = None) -> str:
+        self.debug_infos.append(debug_info)
+        return f"|u u{common_features['user']} " + " ".join(common_features.get("ctx", []))
+
+    def format_item_features(self, common_features: Any, item_features: Any,
+                             debug_info: Any = None) -> str:
+        self.debug_infos.append(debug_info)
+        return f"|i i{item_features['id']} c{item_features['id'] % 7}"
+
+
+@pytest.fixture
+def formatter() -> DictFormatter:
+    return DictFormatter()
+
+
+def engine_from_file(lines: Sequence[str], vw_args: Sequence[str], tmp_path: Any) -> List[bytes]:
+    """The prediction lines the engine prints when it reads ``lines`` from a file."""
+    data = tmp_path / f"input-{len(os.listdir(tmp_path))}.txt"
+    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    result = subprocess.run(
+        default_engine_command() + ["-d", str(data), "-p", "stdout", "--quiet"] + list(vw_args),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, timeout=120)
+    return result.stdout.splitlines()
+
+
+def expected_scalars(lines: Sequence[str], vw_args: Sequence[str], tmp_path: Any) -> List[float]:
+    return [float(line.split()[0]) for line in engine_from_file(lines, vw_args, tmp_path)]
+
+
+def format_lines(formatter: VowpalWabbitBaseFormatter, common: Any, items: Sequence[Any],
+                 labels: Sequence[Any] = ()) -> List[str]:
+    common_part = formatter.format_common_features(common)
+    labels = list(labels) or [None] * len(items)
+    return [formatter.get_formatted_example(common_part,
+                                            formatter.format_item_features(common, item),
+                                            label=label)
+            for item, label in zip(items, labels)]
+
+
+@pytest.fixture(scope="session")
+def trained_model(tmp_path_factory: Any) -> str:
+    """A small logistic model with a quadratic interaction, trained from a file
+    by the engine itself."""
+    directory = tmp_path_factory.mktemp("model")
+    formatter = DictFormatter()
+    lines = []
+    for request in range(60):
+        common = {"user": request % 9, "ctx": [f"k{request % 4}"]}
+        items = [{"id": (request * 7 + offset) % 50} for offset in range(10)]
+        labels = [1 if (item["id"] + request) % 3 == 0 else -1 for item in items]
+        lines += format_lines(formatter, common, items, labels)
+    data = directory / "train.txt"
+    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    model = directory / "model.vw"
+    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(model), "--quiet",
+                                               "--loss_function", "logistic", "-q", "ui",
+                                               "--passes", "1"],
+                   check=True, timeout=120, stdout=subprocess.DEVNULL)
+    return str(model)
+
+
+#: Arguments that load the trained model for scoring.
+def scoring_args(model: str) -> List[str]:
+    return ["-i", model, "-t", "--quiet", "--link", "logistic"]
+
+
+def children_of_this_process() -> List[int]:
+    """Pids of this process's direct children that still exist (zombies included)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            children.append(int(entry))
+    return children
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+PYTHON = sys.executable

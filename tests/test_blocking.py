@@ -1,0 +1,275 @@
+"""VowpalWabbitProcess against the real engine."""
+
+import gc
+import os
+import time
+
+import pytest
+
+from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitProcess,
+                       VowpalWabbitStartupError)
+
+from conftest import (children_of_this_process, expected_scalars, format_lines, open_fds,
+                      scoring_args)
+
+COMMON = {"user": 3, "ctx": ["k1", "k2"]}
+
+
+def items(count, start=0):
+    return [{"id": (start + index) % 50} for index in range(count)]
+
+
+@pytest.fixture
+def model(formatter, trained_model):
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=7) as process:
+        yield process
+
+
+@pytest.mark.parametrize("count", [0, 1, 6, 7, 8, 14, 15, 250])
+def test_predictions_equal_engine_reading_a_file(formatter, trained_model, tmp_path, model, count):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(count)),
+                                scoring_args(trained_model), tmp_path)
+    assert list(model.predict(COMMON, items(count))) == expected
+    assert len(expected) == count
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 50, 1000])
+def test_batch_size_does_not_change_predictions(formatter, trained_model, tmp_path, batch_size):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(120)),
+                                scoring_args(trained_model), tmp_path)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model),
+                             batch_size=batch_size) as process:
+        assert list(process.predict(COMMON, iter(items(120)))) == expected
+
+
+def test_abandoned_iterator_does_not_shift_next_call(formatter, trained_model, tmp_path, model):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(40, start=5)),
+                                scoring_args(trained_model), tmp_path)
+    predictions = model.predict(COMMON, items(100))
+    for _ in range(3):
+        next(predictions)
+    assert model.pending_lines > 0
+    del predictions
+    gc.collect()
+    assert list(model.predict(COMMON, items(40, start=5))) == expected
+    # an iterator abandoned with break, then one that raised in the caller
+    for prediction in model.predict(COMMON, items(100)):
+        break
+    with pytest.raises(RuntimeError):
+        for prediction in model.predict(COMMON, items(100)):
+            raise RuntimeError("caller failed")
+    assert list(model.predict(COMMON, items(40, start=5))) == expected
+    assert model.pending_lines == 0
+
+
+def test_superseded_iterator_raises_instead_of_stealing(model):
+    first = model.predict(COMMON, items(100))
+    next(first)
+    second = list(model.predict(COMMON, items(30)))
+    assert len(second) == 30
+    with pytest.raises(VowpalWabbitError, match="superseded"):
+        list(first)
+
+
+def test_timeout_stops_formatting_new_items(formatter, trained_model):
+    class SlowFormatter(type(formatter)):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            time.sleep(0.002)
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    with VowpalWabbitProcess(SlowFormatter(), scoring_args(trained_model), batch_size=5) as process:
+        started = time.perf_counter()
+        predictions = list(process.predict(COMMON, items(1000), timeout=0.05))
+        elapsed = time.perf_counter() - started
+        assert 5 <= len(predictions) < 1000
+        assert elapsed < 1.0
+        assert list(process.predict(COMMON, items(3), timeout=0)) == []
+        assert len(list(process.predict(COMMON, items(3)))) == 3
+
+
+def test_bad_lines_raise_before_sending_and_process_stays_usable(formatter, trained_model, tmp_path,
+                                                                 model):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(10)),
+                                scoring_args(trained_model), tmp_path)
+    dummy = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), scoring_args(trained_model))
+    with dummy:
+        for bad in ["|i a\n|i b", "|i a\r", "save_x|", "1 save_/tmp/m.vw|"]:
+            with pytest.raises(ValueError):
+                list(dummy.predict("", ["|i ok", bad]))
+        with pytest.raises(ValueError, match="common"):
+            list(dummy.predict("|u a\n", ["|i ok"]))
+        assert len(list(dummy.predict("", ["|i ok", "|i ok2"]))) == 2
+    assert list(model.predict(COMMON, items(10))) == expected
+
+
+def test_empty_formatted_line_is_rejected(trained_model):
+    class Joiner(VowpalWabbitDummyFormatter):
+        def get_formatted_example(self, common_line_part, item_line_part, label=None,
+                                  weight=None, debug_info=None):
+            return item_line_part
+
+    with VowpalWabbitProcess(Joiner(), scoring_args(trained_model)) as process:
+        with pytest.raises(ValueError, match="empty"):
+            list(process.predict("", ["|i a", ""]))
+        assert len(list(process.predict("", ["|i a", " "]))) == 2
+
+
+def test_write_only_train_and_save(formatter, tmp_path):
+    lines = []
+    requests = []
+    for request in range(20):
+        common = {"user": request % 5, "ctx": ["k"]}
+        its = items(8, start=request)
+        labels = [1 if (item["id"] + request) % 2 else -1 for item in its]
+        requests.append((common, its, labels))
+        lines += format_lines(formatter, common, its, labels)
+    args = ["--loss_function", "logistic", "-q", "ui", "--quiet"]
+    with VowpalWabbitProcess(formatter, args, write_only=True) as trainer:
+        with pytest.raises(VowpalWabbitError, match="write-only"):
+            trainer.predict(COMMON, items(3))
+        for common, its, labels in requests:
+            trainer.train(common, its, labels, [None] * len(its))
+        trainer.save(str(tmp_path / "online" / "model.vw"))
+    # The engine trained on the same lines from a file predicts the same.
+    reference = tmp_path / "reference.vw"
+    expected_scalars(lines, args + ["-f", str(reference)], tmp_path)
+    probe = format_lines(formatter, COMMON, items(30))
+    assert (expected_scalars(probe, ["-i", str(tmp_path / "online" / "model.vw"), "-t"], tmp_path)
+            == expected_scalars(probe, ["-i", str(reference), "-t"], tmp_path))
+
+
+def test_train_then_predict_on_one_process_matches_engine(formatter, tmp_path):
+    args = ["--loss_function", "logistic", "-q", "ui", "--quiet"]
+    train_lines = format_lines(formatter, COMMON, items(30), [1, -1, -1] * 10)
+    test_lines = format_lines(formatter, COMMON, items(30, start=3))
+    expected = expected_scalars(train_lines + test_lines, args, tmp_path)[30:]
+    with VowpalWabbitProcess(formatter, args, batch_size=4) as process:
+        process.train(COMMON, items(30), [1, -1, -1] * 10, [None] * 30)
+        assert list(process.predict(COMMON, items(30, start=3))) == expected
+
+
+def test_train_checks_everything_before_sending(formatter, tmp_path):
+    args = ["--quiet"]
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args) as process:
+        before = list(process.predict("", ["|a x"]))
+        with pytest.raises(ValueError, match="differ in length"):
+            process.train("", ["|a x", "|a y"], [1], [None, None])
+        with pytest.raises(ValueError, match="finite"):
+            process.train("", ["|a x"], [float("nan")], [None])
+        with pytest.raises(ValueError, match="line break"):
+            process.train("", ["|a x", "|a y\n1 |a x"], [1, 1], [None, None])
+        with pytest.raises(ValueError, match="negative"):
+            process.train("", ["|a x"], [1], [-1.0])
+        assert list(process.predict("", ["|a x"])) == before
+
+
+def test_save_does_not_disturb_predictions(formatter, trained_model, tmp_path):
+    # Saved without -t: vw drops the learning state when a -t process saves,
+    # which changes its predictions (the engine's own `-t -f` does the same).
+    args = ["-i", trained_model, "--quiet", "--link", "logistic"]
+    expected = expected_scalars(format_lines(formatter, COMMON, items(20)), args, tmp_path)
+    with VowpalWabbitProcess(formatter, args, batch_size=7) as model:
+        first = model.predict(COMMON, items(20))
+        next(first)
+        model.save(str(tmp_path / "copy.vw"))
+        assert list(model.predict(COMMON, items(20))) == expected
+    assert expected_scalars(format_lines(formatter, COMMON, items(20)),
+                            ["-i", str(tmp_path / "copy.vw"), "--link", "logistic"],
+                            tmp_path) == expected
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []
+
+
+def test_explain_vw_line_three_lines_per_example(formatter, trained_model, tmp_path):
+    lines = format_lines(formatter, COMMON, items(5))
+    raw = expected_scalars(lines, ["-i", trained_model, "-t"], tmp_path)
+    with VowpalWabbitProcess(formatter, ["-i", trained_model, "-t", "--quiet", "--link", "logistic"],
+                             audit_mode=True) as auditor:
+        with pytest.raises(VowpalWabbitError, match="audit"):
+            auditor.predict(COMMON, items(2))
+        for _ in range(2):
+            for line, expected_raw in zip(lines, raw):
+                score, explanation = auditor.explain_vw_line(line, link_function=True)
+                assert score == expected_raw
+                parsed = formatter.get_human_readable_explanation(explanation)
+                names = {row["original_feature_name"] for row in parsed}
+                assert any("*" in name for name in names)  # the quadratic interaction
+                assert "Constant" in names
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model)) as plain:
+        with pytest.raises(VowpalWabbitError, match="audit_mode"):
+            plain.explain_vw_line(lines[0])
+
+
+def test_metrics_hook_and_debug_info(formatter, trained_model):
+    seen = []
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=4,
+                             metrics_hook=seen.append) as process:
+        metrics, detailed = {}, {}
+        debug = {"request": 1}
+        assert len(list(process.predict(COMMON, items(10), debug_info=debug, metrics=metrics,
+                                        detailed_metrics=detailed))) == 10
+        assert metrics["num_lines"] == 10
+        assert 0 <= metrics["prepare_time"] <= metrics["total_time"]
+        assert seen[-1] is metrics and metrics["method"] == "predict"
+        for key in ("generating_lines_time", "sending_lines_time", "receiving_lines_time"):
+            assert detailed[key] and all(len(entry) == 2 for entry in detailed[key])
+        assert formatter.debug_infos and all(info is debug for info in formatter.debug_infos)
+        for _ in process.predict(COMMON, items(10)):
+            break
+        assert seen[-1]["num_lines"] == 1
+        process.train(COMMON, items(3), [1, 0, 1], [None] * 3)
+        assert seen[-1]["method"] == "train" and seen[-1]["num_lines"] == 3
+
+
+def test_hook_errors_do_not_break_calls(formatter, trained_model):
+    def broken_hook(metrics):
+        raise RuntimeError("monitoring is down")
+
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model),
+                             metrics_hook=broken_hook) as process:
+        assert len(list(process.predict(COMMON, items(5)))) == 5
+
+
+def test_invalid_arguments_raise_with_engine_message(formatter):
+    started = time.perf_counter()
+    with pytest.raises(VowpalWabbitStartupError, match="unrecognised option") as info:
+        VowpalWabbitProcess(formatter, ["--no_such_option"])
+    assert time.perf_counter() - started < 10
+    assert info.value.returncode == 1
+    with pytest.raises(VowpalWabbitStartupError, match="can't open|No such file|not found"):
+        VowpalWabbitProcess(formatter, ["-i", "/nonexistent/model.vw"])
+    with pytest.raises(VowpalWabbitStartupError, match="unrecognised option"):
+        VowpalWabbitProcess(formatter, ["--no_such_option"], write_only=True)
+    with pytest.raises(VowpalWabbitStartupError, match="cannot run"):
+        VowpalWabbitProcess(formatter, [], vw_command="/nonexistent/vw")
+    with pytest.raises(ValueError, match="-p"):
+        VowpalWabbitProcess(formatter, ["-p", "/tmp/predictions.txt"])
+
+
+def test_close_is_idempotent_and_reaps(formatter, trained_model):
+    process = VowpalWabbitProcess(formatter, scoring_args(trained_model))
+    pid = process.pid
+    assert pid in children_of_this_process()
+    process.close()
+    process.close()
+    assert pid not in children_of_this_process()
+    assert "closed" in repr(process) and "exited with code 0" in repr(process)
+    with pytest.raises(VowpalWabbitError, match="closed"):
+        process.predict(COMMON, items(1))
+
+
+def test_dropped_process_is_reaped_without_leaks(formatter, trained_model):
+    fds_before = open_fds()
+    pids = []
+    with pytest.warns(ResourceWarning):
+        for _ in range(3):
+            process = VowpalWabbitProcess(formatter, scoring_args(trained_model))
+            pids.append(process.pid)
+            list(process.predict(COMMON, items(5)))
+            del process
+            gc.collect()
+    deadline = time.monotonic() + 10
+    while any(pid in children_of_this_process() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid in children_of_this_process() for pid in pids)
+    gc.collect()
+    assert open_fds() <= fds_before

@@ -1,0 +1,81 @@
+"""How the engine is chosen and started, with the real engine behind every route."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitProcess, VowpalWabbitStartupError
+from subwabbit.command import default_engine_command
+
+
+def make_vw_shim(directory, marker):
+    """An executable called ``vw`` that records its arguments and runs the wheel engine."""
+    shim = directory / "vw"
+    engine = " ".join(default_engine_command())
+    shim.write_text(f'#!/bin/sh\necho "$@" > "{marker}"\nexec {engine} "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return shim
+
+
+def predict_one(**kwargs):
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], **kwargs) as process:
+        assert list(process.predict("|a x", ["|b y"])) == [0.0]
+        return process.argv
+
+
+def test_vw_on_path_is_used(tmp_path, monkeypatch):
+    make_vw_shim(tmp_path, tmp_path / "args")
+    monkeypatch.delenv("SUBWABBIT_VW", raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    argv = predict_one()
+    assert argv[0] == str(tmp_path / "vw")
+    assert "-p stdout" in (tmp_path / "args").read_text()
+
+
+def test_environment_variable_beats_path(tmp_path, monkeypatch):
+    make_vw_shim(tmp_path, tmp_path / "path-args")
+    other = tmp_path / "other"
+    other.mkdir()
+    shim = make_vw_shim(other, tmp_path / "env-args")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SUBWABBIT_VW", str(shim))
+    predict_one()
+    assert (tmp_path / "env-args").exists() and not (tmp_path / "path-args").exists()
+
+
+def test_explicit_command_beats_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUBWABBIT_VW", "/nonexistent/vw")
+    argv = predict_one(vw_command=default_engine_command())
+    assert argv[:2] == default_engine_command()
+
+
+def test_without_vw_the_wheel_engine_is_used(monkeypatch, tmp_path):
+    monkeypatch.delenv("SUBWABBIT_VW", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert predict_one()[:2] == default_engine_command()
+
+
+def test_engine_module_behaves_like_vw(tmp_path):
+    data = tmp_path / "in.txt"
+    data.write_text("1 |a x\n|a x\n")
+    ok = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
+                        input=data.read_bytes(), stdout=subprocess.PIPE, check=True, timeout=60)
+    assert len(ok.stdout.splitlines()) == 2
+    bad = subprocess.run([sys.executable, "-m", "subwabbit.engine", "--bogus"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, check=False)
+    assert bad.returncode == 1
+    assert b"unrecognised option" in bad.stderr and b"Traceback" not in bad.stderr
+
+
+def test_engine_that_prints_errors_on_stdout_is_reported(tmp_path):
+    """A real vw prints fatal option errors as '[critical]' lines on stdout."""
+    fake = tmp_path / "fake_vw.py"
+    fake.write_text("import sys\nsys.stdin.readline()\n"
+                    "print(\"[critical] vw (main.cc:1): unrecognised option '--x'\")\nsys.exit(1)\n")
+    with pytest.raises(VowpalWabbitStartupError, match="unrecognised option") as info:
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), [],
+                            vw_command=[sys.executable, str(fake)])
+    assert info.value.returncode == 1

@@ -1,0 +1,148 @@
+"""VowpalWabbitNonBlockingProcess against the real engine."""
+
+import gc
+import os
+import signal
+import time
+
+import pytest
+
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitNonBlockingProcess
+
+from conftest import expected_scalars, format_lines, scoring_args
+
+COMMON = {"user": 4, "ctx": ["k3"]}
+
+
+def items(count, start=0):
+    return [{"id": (start + index) % 50} for index in range(count)]
+
+
+@pytest.fixture
+def model(formatter, trained_model):
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model), batch_size=8,
+                                        max_pending_lines=24) as process:
+        yield process
+
+
+@pytest.mark.parametrize("count", [0, 1, 8, 9, 24, 25, 500])
+def test_predictions_equal_engine_reading_a_file(formatter, trained_model, tmp_path, model, count):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(count)),
+                                scoring_args(trained_model), tmp_path)
+    assert list(model.predict(COMMON, items(count))) == expected
+
+
+def test_returns_by_deadline_and_next_call_is_exact(formatter, trained_model, tmp_path, model):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(50, start=1)),
+                                scoring_args(trained_model), tmp_path)
+    many = items(200000)
+    metrics = {}
+    started = time.perf_counter()
+    predictions = list(model.predict(COMMON, many, timeout=0.01, metrics=metrics))
+    elapsed = time.perf_counter() - started
+    assert elapsed < 0.01 + 0.05  # generous margin for a shared 2-core machine
+    assert 0 < len(predictions) < len(many)
+    full = expected_scalars(format_lines(formatter, COMMON, many[:len(predictions)]),
+                            scoring_args(trained_model), tmp_path)
+    assert predictions == full
+    metrics = {}
+    assert list(model.predict(COMMON, items(50, start=1), metrics=metrics)) == expected
+    assert metrics["after_cleanup_pending_lines"] == 0
+    assert set(metrics) >= {"cleanup_time", "before_cleanup_pending_lines", "prepare_time",
+                            "total_time", "num_lines"}
+
+
+def test_leftovers_never_reach_a_later_call(formatter, trained_model, tmp_path):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(30, start=7)),
+                                scoring_args(trained_model), tmp_path)
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model), batch_size=50,
+                                        max_pending_lines=400) as process:
+        for _ in range(20):
+            list(process.predict(COMMON, items(5000), timeout=0.002))
+            metrics = {}
+            got = list(process.predict(COMMON, items(30, start=7), timeout=5, metrics=metrics))
+            assert got == expected
+        # abandoned iterators, and a call whose cleanup runs out of time
+        iterator = process.predict(COMMON, items(5000))
+        next(iterator)
+        del iterator
+        gc.collect()
+        assert process.pending_lines > 0
+        assert list(process.predict(COMMON, items(30, start=7), timeout=0)) == []
+        assert process.cleanup() is True
+        assert process.pending_lines == 0
+        assert list(process.predict(COMMON, items(30, start=7))) == expected
+
+
+def test_superseded_iterator_raises(model):
+    first = model.predict(COMMON, items(300))
+    next(first)
+    assert len(list(model.predict(COMMON, items(10)))) == 10
+    with pytest.raises(VowpalWabbitError, match="superseded"):
+        list(first)
+
+
+def test_waits_without_spinning_on_a_silent_engine(formatter, trained_model):
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model)) as process:
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            wall_started, cpu_started = time.perf_counter(), time.process_time()
+            predictions = list(process.predict(COMMON, items(100), timeout=0.5))
+            wall = time.perf_counter() - wall_started
+            cpu = time.process_time() - cpu_started
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert predictions == []
+        assert 0.5 <= wall < 0.5 + 0.1
+        assert cpu < 0.1 * wall
+        assert len(list(process.predict(COMMON, items(100)))) == 100
+
+
+def test_train_then_predict_matches_engine(formatter, tmp_path):
+    args = ["--loss_function", "logistic", "-q", "ui", "--quiet"]
+    train_lines = format_lines(formatter, COMMON, items(40), [1, -1] * 20)
+    test_lines = format_lines(formatter, COMMON, items(20, start=3))
+    expected = expected_scalars(train_lines + test_lines, args, tmp_path)[40:]
+    with VowpalWabbitNonBlockingProcess(formatter, args) as process:
+        process.train(COMMON, items(40), [1, -1] * 20, [None] * 40)
+        assert list(process.predict(COMMON, items(20, start=3))) == expected
+
+
+def test_bad_line_raises_and_process_stays_usable(trained_model):
+    with VowpalWabbitNonBlockingProcess(VowpalWabbitDummyFormatter(),
+                                        scoring_args(trained_model)) as process:
+        with pytest.raises(ValueError, match="line break"):
+            list(process.predict("", ["|i a", "|i b\n|i c"]))
+        assert len(list(process.predict("", ["|i a", "|i b"]))) == 2
+
+
+def test_explain_and_save(formatter, trained_model, tmp_path):
+    line = format_lines(formatter, COMMON, items(1))[0]
+    raw = expected_scalars([line], ["-i", trained_model, "-t"], tmp_path)[0]
+    with VowpalWabbitNonBlockingProcess(formatter, ["-i", trained_model, "-t", "--quiet"],
+                                        audit_mode=True) as process:
+        for _ in range(3):
+            score, explanation = process.explain_vw_line(line)
+            assert score == raw
+            assert "u^u4" in explanation
+    args = ["-i", trained_model, "--quiet"]
+    with VowpalWabbitNonBlockingProcess(formatter, args) as process:
+        list(process.predict(COMMON, items(3000), timeout=0.001))
+        process.save(str(tmp_path / "saved.vw"))
+        assert len(list(process.predict(COMMON, items(5)))) == 5
+    assert (expected_scalars([line], ["-i", str(tmp_path / "saved.vw")], tmp_path)
+            == expected_scalars([line], args, tmp_path))
+
+
+def test_detailed_metrics_and_deprecated_alias(formatter, trained_model):
+    with pytest.warns(DeprecationWarning):
+        process = VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model),
+                                                 write_timeout_ms=0.002)
+    with process:
+        assert process.write_cutoff_s == 0.002
+        detailed = {}
+        assert len(list(process.predict(COMMON, items(100), detailed_metrics=detailed))) == 100
+        for key in ("sending_bytes", "receiving_bytes", "pending_lines", "generating_lines_time",
+                    "sending_lines_time", "receiving_lines_time"):
+            assert detailed[key], key
+        assert sum(value for _, value in detailed["sending_bytes"]) > 0
