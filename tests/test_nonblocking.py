@@ -62,12 +62,19 @@ def test_leftovers_never_reach_a_later_call(formatter, trained_model, tmp_path):
             metrics = {}
             got = list(process.predict(COMMON, items(30, start=7), timeout=5, metrics=metrics))
             assert got == expected
-        # abandoned iterators, and a call whose cleanup runs out of time
+        # an abandoned iterator
         iterator = process.predict(COMMON, items(5000))
         next(iterator)
         del iterator
         gc.collect()
-        assert process.pending_lines > 0
+        assert list(process.predict(COMMON, items(30, start=7))) == expected
+        # a stopped engine: lines stay in flight past the deadline
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            assert list(process.predict(COMMON, items(5000), timeout=0.05)) == []
+            assert process.pending_lines > 0
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
         assert list(process.predict(COMMON, items(30, start=7), timeout=0)) == []
         assert process.cleanup() is True
         assert process.pending_lines == 0
