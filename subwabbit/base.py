@@ -1,5 +1,6 @@
 """The formatter and model interfaces (import path kept from subwabbit 2.x)."""
 
+import numbers
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -13,7 +14,12 @@ Label = Union[float, int, str]
 
 
 def _format_number(value: Union[float, int, str]) -> str:
-    return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    """A label or weight as vw reads it (NumPy scalars print as plain numbers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    return repr(float(value))
 
 
 class VowpalWabbitBaseFormatter(ABC):

@@ -9,18 +9,22 @@ lines, wait for a pipe with a deadline, save the model, close.
 
 import collections
 import errno
-import fcntl
 import logging
 import os
 import select
 import struct
 import subprocess
-import termios
 import threading
 import time
 import uuid
 import warnings
 from typing import Deque, List, Optional, Sequence
+
+try:  # POSIX only; `import subwabbit` must still work elsewhere
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = termios = None  # type: ignore[assignment]
 
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError,
                      VowpalWabbitTimeoutError, describe_returncode)
@@ -216,6 +220,8 @@ class EngineProcess:
             raise self._startup_failure("the vw engine failed during start-up", output)
 
     def _unread_input_bytes(self) -> Optional[int]:
+        if fcntl is None or termios is None:
+            return None
         try:
             raw = fcntl.ioctl(self.stdin_fd, termios.FIONREAD, b"\0\0\0\0")
         except OSError:

@@ -6,6 +6,7 @@ not empty (no answer), and not a featureless example tagged ``save...`` (the
 engine's save command, which answers nothing).
 """
 
+import re
 from typing import List, Sequence
 
 from .errors import VowpalWabbitProtocolError
@@ -25,18 +26,40 @@ def check_line_part(part: str, what: str) -> None:
         raise ValueError(f"{what} contains a line break, which would split the example: {part!r}")
 
 
+_VW_WHITESPACE = re.compile(r"[ \t]+")
+
+
+def _vw_tokens(text: str) -> List[str]:
+    """Split like vw does: on spaces and tabs only (not on other Unicode whitespace)."""
+    return [token for token in _VW_WHITESPACE.split(text) if token]
+
+
+def _is_feature(token: str) -> bool:
+    """Whether vw keeps this feature token: it drops features whose value is 0.
+    A value that is not a number counts as no feature (the safe side here)."""
+    name, colon, value = token.rpartition(":")
+    if not colon:
+        return True
+    del name
+    try:
+        return float(value) != 0.0
+    except ValueError:
+        return False
+
+
 def _is_save_command(line: str) -> bool:
-    """Whether the engine would take ``line`` as its save command."""
+    """Whether the engine would take ``line`` as its save command: a featureless
+    example tagged ``save...``. Errs on the side of saying yes."""
     header, bar, rest = line.partition("|")
-    if not any(token.lstrip("'").startswith("save") for token in header.split()):
+    if not any(token.lstrip("'").startswith("save") for token in _vw_tokens(header)):
         return False
     if not bar:
         return True
     for segment in rest.split("|"):
-        tokens = segment.split()
-        if segment and not segment[0].isspace():
+        tokens = _vw_tokens(segment)
+        if segment and segment[0] not in " \t":
             tokens = tokens[1:]  # the namespace name
-        if tokens:
+        if any(_is_feature(token) for token in tokens):
             return False
     return True
 

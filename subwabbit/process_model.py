@@ -4,6 +4,7 @@ explanations and the metrics hook."""
 
 import logging
 import math
+import numbers
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -284,7 +285,7 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
 
 
 def _check_number(value: Any, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{what} must be finite, got {value!r}")

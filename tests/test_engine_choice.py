@@ -79,3 +79,20 @@ def test_engine_that_prints_errors_on_stdout_is_reported(tmp_path):
         VowpalWabbitProcess(VowpalWabbitDummyFormatter(), [],
                             vw_command=[sys.executable, str(fake)])
     assert info.value.returncode == 1
+
+
+def test_package_imports_without_posix_only_modules():
+    """`import subwabbit` must work where fcntl and termios do not exist."""
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def fake(name, *args, **kwargs):\n"
+            "    if name in ('fcntl', 'termios'):\n"
+            "        raise ImportError(name)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = fake\n"
+            "import subwabbit\n"
+            "print(subwabbit.VowpalWabbitNonBlockingProcess.__name__)\n")
+    result = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "VowpalWabbitNonBlockingProcess" in result.stdout

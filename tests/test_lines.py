@@ -1,0 +1,242 @@
+"""Tests for subwabbit.lines: checking VW text lines and parsing prediction lines."""
+
+import pytest
+
+from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError
+from subwabbit.lines import (check_line, check_line_part, encode_lines, parse_labels, parse_scalar,
+                             parse_scalars)
+
+# ------------------------------------------------------------------ check_line_part
+
+
+@pytest.mark.parametrize("part", ["", "|u u1 k2", "   ", "|u a:0.5 b", "save|", "ünïcödé"])
+def test_check_line_part_accepts_single_line_text(part):
+    assert check_line_part(part, "the common part") is None
+
+
+@pytest.mark.parametrize("part", ["|u a\n|i b", "|u a\r", "\n", "\r\n", "|u a\rb"])
+def test_check_line_part_rejects_line_breaks_and_names_the_part(part):
+    with pytest.raises(ValueError, match="the common part contains a line break"):
+        check_line_part(part, "the common part")
+
+
+@pytest.mark.parametrize("part", [None, b"|u a", 1, ["|u a"]])
+def test_check_line_part_rejects_non_strings(part):
+    with pytest.raises(TypeError, match=r"^the common part must be a str, got " + type(part).__name__):
+        check_line_part(part, "the common part")
+
+
+# ------------------------------------------------------------------ check_line
+
+ACCEPTED_LINES = [
+    "|u u1 |i i7",
+    "1 |u u1 |i i7",
+    "1 2.0 'tag |u u1",
+    " ",                   # only spaces: vw answers it (an example with the constant only)
+    "   ",
+    "|",
+    "1 |",                 # featureless, but not tagged save
+    "1 save_x| a",         # tagged save, but has a feature
+    "|save a",             # a namespace named save with feature a
+    "| saved_feature",     # a feature named saved_feature
+    "save | a",            # has a feature
+    "save |a b",           # namespace a, feature b
+    "save |a |b c",        # the second namespace has a feature
+    "'save_x |a:2 x",      # namespace with a scale, feature x
+    "save_x|\ta",          # a tab separates the namespace from nothing: a is a feature
+    "|u saveme",
+    "'1save |",            # the tag does not start with save
+    "unsaved |",
+    "1 'tag |u u1 save",
+]
+
+
+@pytest.mark.parametrize("line", ACCEPTED_LINES)
+def test_check_line_accepts_one_example(line):
+    assert check_line(line, 3) is None
+
+
+@pytest.mark.parametrize("line", ["|u a\n|i b", "|u a\n", "\n", "|u a\r|i b", "|u a\r", "\r\n"])
+def test_check_line_rejects_embedded_line_breaks(line):
+    with pytest.raises(ValueError, match=r"formatted example #5 contains a line break"):
+        check_line(line, 5)
+
+
+def test_check_line_rejects_empty_line():
+    with pytest.raises(ValueError, match=r"formatted example #2 is empty"):
+        check_line("", 2)
+
+
+def test_check_line_default_index_is_zero():
+    with pytest.raises(ValueError, match=r"formatted example #0 is empty"):
+        check_line("")
+
+
+SAVE_COMMANDS = [
+    "save|",
+    "save_/tmp/m.vw|",
+    "1 save_x|",
+    "foo bar save_y|",
+    "'save_z |",
+    "1 'saveme |",
+    "save",
+    "1 save",
+    "'save",
+    "save_x|a",           # a namespace named a without features
+    "save|a ",
+    "save|\t",
+    "save_x| |a",
+    "save_x|\x0b",
+]
+
+
+@pytest.mark.parametrize("line", SAVE_COMMANDS)
+def test_check_line_rejects_featureless_save_tag(line):
+    with pytest.raises(ValueError, match=r"formatted example #7 is a featureless example tagged 'save"):
+        check_line(line, 7)
+
+
+@pytest.mark.parametrize("line", [None, b"|u a", 3, 1.5])
+def test_check_line_rejects_non_strings(line):
+    with pytest.raises(TypeError, match=r"formatted example #4 must be a str"):
+        check_line(line, 4)
+
+
+@pytest.mark.parametrize("line", ["save_x| a:0", "save_x| a:0 b:0.0", "save_x|ns b:0"])
+def test_check_line_rejects_save_tag_with_only_zero_valued_features(line):
+    with pytest.raises(ValueError):
+        check_line(line)
+
+
+@pytest.mark.parametrize("line", ["save_x|a\xa0b", "save_x|a\x0cb", "save_x|a\u2028b"])
+def test_check_line_rejects_save_tag_when_only_non_vw_whitespace_separates_tokens(line):
+    with pytest.raises(ValueError):
+        check_line(line)
+
+
+# ------------------------------------------------------------------ encode_lines
+
+
+def test_encode_lines_joins_with_newlines_and_terminates():
+    assert encode_lines(["1 |u a", "|u b"]) == b"1 |u a\n|u b\n"
+
+
+def test_encode_lines_single_line():
+    assert encode_lines(["|u a"]) == b"|u a\n"
+
+
+def test_encode_lines_encodes_utf8():
+    assert encode_lines(["|u \u017elu\u0165ou\u010dk\u00fd", "|i \U0001f600"]) == (
+        "|u \u017elu\u0165ou\u010dk\u00fd\n|i \U0001f600\n".encode("utf-8"))
+
+
+def test_encode_lines_accepts_spaces_only_and_save_named_features():
+    assert encode_lines([" ", "|save a", "1 save_x| a"]) == b" \n|save a\n1 save_x| a\n"
+
+
+def test_encode_lines_accepts_tuple():
+    assert encode_lines(("|a x", "|b y"), 4) == b"|a x\n|b y\n"
+
+
+@pytest.mark.parametrize("lines, offset, message", [
+    (["|a x", "|b y", "|c\nz"], 2, "contains a line break"),
+    (["|a x", "|b y", "|c\rz"], 2, "contains a line break"),
+    (["|a x", "|b y\n"], 1, "contains a line break"),
+    (["|a x", ""], 1, "is empty"),
+    ([""], 0, "is empty"),
+    (["", ""], 0, "is empty"),
+    (["|a x", "|b y", "save_q|"], 2, "is a featureless example tagged 'save"),
+    (["1 'save_model |", "|a x"], 0, "is a featureless example tagged 'save"),
+])
+def test_encode_lines_names_the_bad_line_by_request_index(lines, offset, message):
+    with pytest.raises(ValueError, match=rf"formatted example #{10 + offset} {message}"):
+        encode_lines(lines, 10)
+    with pytest.raises(ValueError, match=rf"formatted example #{offset} {message}"):
+        encode_lines(lines)
+
+
+def test_encode_lines_catches_several_breaks_in_one_line():
+    with pytest.raises(ValueError, match=r"#1 "):
+        encode_lines(["|a x", "|b\n\ny", "|c"], 0)
+
+
+@pytest.mark.parametrize("lines, index", [(["|a x", None], 6), ([b"|a x"], 5), ([1, "|a"], 5)])
+def test_encode_lines_rejects_non_strings_with_index(lines, index):
+    with pytest.raises(TypeError, match=rf"formatted example #{index} must be a str"):
+        encode_lines(lines, 5)
+
+
+@pytest.mark.parametrize("lines", [["|a \ud800"], ["|a x", "|b \udfff"]])
+def test_encode_lines_rejects_lone_surrogates(lines):
+    with pytest.raises(ValueError):
+        encode_lines(lines)
+    with pytest.raises(UnicodeEncodeError):
+        encode_lines(lines)
+
+
+# ------------------------------------------------------------------ parse_scalar(s)
+
+
+@pytest.mark.parametrize("line, expected", [
+    (b"0.703793", 0.703793),
+    (b"1", 1.0),
+    (b"-0.25", -0.25),
+    (b"0.7 item42", 0.7),
+    (b"0.7\titem42", 0.7),
+    (b"1e-05 tag with spaces", 1e-05),
+    (b"0.5\n", 0.5),
+    (b"  0.5  ", 0.5),
+])
+def test_parse_scalar(line, expected):
+    value = parse_scalar(line)
+    assert isinstance(value, float)
+    assert value == pytest.approx(expected, rel=0, abs=0)
+
+
+@pytest.mark.parametrize("line", [b"", b"abc", b"   ", b"abc 0.5", b"\n", b"1,2"])
+def test_parse_scalar_rejects_non_numbers(line):
+    with pytest.raises(VowpalWabbitProtocolError) as info:
+        parse_scalar(line)
+    assert isinstance(info.value, VowpalWabbitError)
+    assert repr(line) in str(info.value)
+    assert "where a prediction was expected" in str(info.value)
+
+
+def test_parse_scalars_plain_numbers():
+    assert parse_scalars([b"0.703793", b"1", b"-2.5"]) == [0.703793, 1.0, -2.5]
+
+
+def test_parse_scalars_with_tags_falls_back_per_line():
+    assert parse_scalars([b"0.1", b"0.7 item42", b"3 t"]) == [0.1, 0.7, 3.0]
+
+
+def test_parse_scalars_empty():
+    assert parse_scalars([]) == []
+
+
+@pytest.mark.parametrize("bad", [b"", b"abc"])
+def test_parse_scalars_rejects_a_bad_line(bad):
+    with pytest.raises(VowpalWabbitProtocolError, match=repr(bad).replace("'", ".")):
+        parse_scalars([b"0.5", bad, b"0.25"])
+
+
+# ------------------------------------------------------------------ parse_labels
+
+
+@pytest.mark.parametrize("line, expected", [
+    (b"0,1 ", "0,1"),
+    (b" ", ""),
+    (b"", ""),
+    (b"3", "3"),
+    (b"2,5,7\r", "2,5,7"),
+])
+def test_parse_labels(line, expected):
+    assert parse_labels([line]) == [expected]
+
+
+def test_parse_labels_keeps_order_and_count():
+    assert parse_labels([b"0,1 ", b" ", b"4 "]) == ["0,1", "", "4"]
+
+
+def test_parse_labels_replaces_invalid_utf8():
+    assert parse_labels([b"1,\xff "]) == ["1,\ufffd"]
