@@ -26,7 +26,7 @@ _OWNED_OPTIONS = {
 #: Reductions whose examples span several lines: they break one-prediction-per-line.
 _MULTILINE_OPTIONS = (
     "--cb_adf", "--cb_explore_adf", "--ccb_explore_adf", "--slates", "--csoaa_ldf",
-    "--wap_ldf", "--search", "--explore_eval",
+    "--wap_ldf", "--cbify_ldf", "--search", "--explore_eval",
 )
 
 VwArgs = Union[Sequence[Union[str, int, float]], str]
@@ -83,7 +83,8 @@ def default_engine_command() -> List[str]:
     return [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine.py")]
 
 
-def resolve_engine_command(vw_command: Union[str, Sequence[str], None] = None) -> List[str]:
+def resolve_engine_command(
+        vw_command: Union[str, "os.PathLike[str]", Sequence[str], None] = None) -> List[str]:
     """Choose the engine command.
 
     In order: ``vw_command`` if given (a path, or an argv list), else the
@@ -96,7 +97,11 @@ def resolve_engine_command(vw_command: Union[str, Sequence[str], None] = None) -
     :raises ValueError: for an empty command
     """
     if vw_command is not None:
-        command = [vw_command] if isinstance(vw_command, str) else [str(part) for part in vw_command]
+        if isinstance(vw_command, (str, os.PathLike)):
+            command = [os.fspath(vw_command)]
+        else:
+            command = [os.fspath(part) if isinstance(part, os.PathLike) else str(part)
+                       for part in vw_command]
         if not command or not command[0]:
             raise ValueError("vw_command must name an executable")
         return command

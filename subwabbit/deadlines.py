@@ -24,7 +24,10 @@ def validate_seconds(value: Optional[float], name: str, allow_none: bool = True)
         raise ValueError(f"{name} must be a number of seconds, not None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large: {value!r}") from None
     if math.isnan(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
     return value

@@ -92,6 +92,8 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
     :returns: the bytes to send
     :raises ValueError: see :func:`check_line`; also for text that is not valid Unicode
     """
+    if not lines:
+        return b""
     try:
         text = "\n".join(lines)
     except TypeError:

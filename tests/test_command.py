@@ -129,11 +129,6 @@ def test_normalize_vw_args_rejects_other_types(args):
         normalize_vw_args(args)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: --cbify_ldf reads multi-line (LDF) examples -- the engine answers only after the "
-    "blank line that ends an example (checked with the vowpalwabbit 9.11 engine: no answer "
-    "to '1:1.0 | a\\n2:0.0 | b\\n' until EOF) -- but it is missing from _MULTILINE_OPTIONS, "
-    "so a model built with it would wait for predictions that never come"))
 def test_normalize_vw_args_rejects_cbify_ldf():
     with pytest.raises(ValueError, match="multi-line"):
         normalize_vw_args(["--cbify_ldf"])
@@ -334,3 +329,15 @@ def test_deadline_from_timeout_rejects_with_parameter_name(value, error):
 
 def test_remaining_past_deadline_is_zero():
     assert remaining(time.perf_counter() - 10) == 0.0
+
+
+def test_resolve_engine_command_accepts_path_objects(tmp_path):
+    import pathlib
+    assert resolve_engine_command(pathlib.Path("/opt/vw")) == ["/opt/vw"]
+    assert resolve_engine_command([pathlib.Path("/usr/bin/python3"), "-m", "x"]) == [
+        "/usr/bin/python3", "-m", "x"]
+
+
+def test_huge_timeouts_are_value_errors():
+    with pytest.raises(ValueError, match="timeout"):
+        validate_seconds(10 ** 400, "timeout")

@@ -240,3 +240,7 @@ def test_parse_labels_keeps_order_and_count():
 
 def test_parse_labels_replaces_invalid_utf8():
     assert parse_labels([b"1,\xff "]) == ["1,\ufffd"]
+
+
+def test_encode_lines_of_nothing_is_nothing():
+    assert encode_lines([]) == b""
