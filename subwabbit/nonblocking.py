@@ -214,14 +214,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         deadline = deadline_from_timeout(timeout, start=start)
         self._require_predictions("predict")
         self._engine_or_raise()
-        if metrics is None and self.metrics_hook is not None:
-            metrics = {}
-        if metrics is not None:
-            metrics["num_lines"] = 0
-        if detailed_metrics is not None:
-            for key in ("sending_bytes", "receiving_bytes", "pending_lines",
-                        "generating_lines_time", "sending_lines_time", "receiving_lines_time"):
-                detailed_metrics[key] = []
+        metrics = self._prepare_metrics(metrics, detailed_metrics, (
+            "sending_bytes", "receiving_bytes", "pending_lines", "generating_lines_time",
+            "sending_lines_time", "receiving_lines_time"))
         return self._predict(start, deadline, common_features, items_features, debug_info,
                              metrics, detailed_metrics)
 

@@ -156,6 +156,20 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         except Exception:  # pylint: disable=broad-except
             logger.exception("metrics_hook raised; ignoring it")
 
+    def _prepare_metrics(self, metrics: Optional[Dict[str, Any]],
+                         detailed: Optional[Dict[str, Any]],
+                         detailed_keys: Sequence[str]) -> Optional[Dict[str, Any]]:
+        """Reset the caller's metrics dicts for a new call; with a hook and no
+        dict of the caller's, make one so the hook still gets the metrics."""
+        if metrics is None and self.metrics_hook is not None:
+            metrics = {}
+        if metrics is not None:
+            metrics["num_lines"] = 0
+        if detailed is not None:
+            for key in detailed_keys:
+                detailed[key] = []
+        return metrics
+
     def _require_predictions(self, method: str) -> None:
         if self.write_only:
             raise VowpalWabbitError(f"{method}() needs predictions, but this process is "

@@ -153,3 +153,18 @@ def test_detailed_metrics_and_deprecated_alias(formatter, trained_model):
                     "sending_lines_time", "receiving_lines_time"):
             assert detailed[key], key
         assert sum(value for _, value in detailed["sending_bytes"]) > 0
+
+
+def test_metrics_hook_and_debug_info(formatter, trained_model):
+    seen = []
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model),
+                                        metrics_hook=seen.append) as process:
+        debug = object()
+        assert len(list(process.predict(COMMON, items(40), debug_info=debug))) == 40
+        assert seen[-1]["num_lines"] == 40 and seen[-1]["method"] == "predict"
+        assert all(info is debug for info in formatter.debug_infos)
+        for _ in process.predict(COMMON, items(40)):
+            break
+        assert seen[-1]["num_lines"] == 1
+        list(process.predict(COMMON, items(5000), timeout=0.005))
+        assert "after_cleanup_pending_lines" in seen[-1] and seen[-1]["total_time"] > 0
