@@ -37,10 +37,9 @@ def _vw_tokens(text: str) -> List[str]:
 def _is_feature(token: str) -> bool:
     """Whether vw keeps this feature token: it drops features whose value is 0.
     A value that is not a number counts as no feature (the safe side here)."""
-    name, colon, value = token.rpartition(":")
+    _, colon, value = token.rpartition(":")
     if not colon:
         return True
-    del name
     try:
         return float(value) != 0.0
     except ValueError:
