@@ -6,8 +6,10 @@
 
 from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter
 from .blocking import VowpalWabbitProcess
-from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitProtocolError,
-                     VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
+                     VowpalWabbitProtocolError, VowpalWabbitStartupError,
+                     VowpalWabbitTimeoutError)
+from .escaping import escape_name
 from .explanation import AuditFeature, parse_audit_features
 from .nonblocking import VowpalWabbitNonBlockingProcess
 from .plt import VowpalWabbitPLTProcess
@@ -17,6 +19,7 @@ __all__ = [
     "AuditFeature",
     "VowpalWabbitBaseFormatter",
     "VowpalWabbitBaseModel",
+    "VowpalWabbitBusyError",
     "VowpalWabbitDummyFormatter",
     "VowpalWabbitEngineExitedError",
     "VowpalWabbitError",
@@ -27,5 +30,6 @@ __all__ = [
     "VowpalWabbitStartupError",
     "VowpalWabbitTimeoutError",
     "__version__",
+    "escape_name",
     "parse_audit_features",
 ]

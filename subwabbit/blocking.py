@@ -9,7 +9,7 @@ from .command import VwArgs
 from .deadlines import deadline_from_timeout
 from .errors import VowpalWabbitError
 from .lines import check_line_part, encode_lines
-from .process_model import MetricsHook, VowpalWabbitProcessModel
+from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProcessModel
 
 #: Default lines per write. Measured with ``python -m benchmarks.batch_size``
 #: (30 requests of 1,000 items, a quadratic interaction, 2-core machine):
@@ -43,6 +43,12 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         ``vowpalwabbit`` wheel
     :param metrics_hook: called with each call's metrics dict when the call ends
     :param startup_timeout_s: how long the engine may take to start (model loading included)
+    :param io_timeout_s: the longest the engine may leave a read or a write
+        waiting; then the call raises :class:`~subwabbit.errors.VowpalWabbitTimeoutError`
+        and the process counts as failed. ``None``: wait forever (subwabbit 2.x)
+    :param restart_on_crash: after the engine fails, start a fresh one at the
+        next call (counted in ``metrics['restarts']`` and :attr:`restart_count`,
+        logged) instead of raising until :meth:`restart`
     :raises VowpalWabbitStartupError: when the engine cannot start (the message
         carries the engine's own words)
     :raises ValueError: for invalid arguments
@@ -52,14 +58,17 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  batch_size: int = DEFAULT_BATCH_SIZE, write_only: bool = False,
                  audit_mode: bool = False, vw_command: Union[str, Sequence[str], None] = None, *,
                  metrics_hook: Optional[MetricsHook] = None,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0,
+                 io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
+                 restart_on_crash: bool = False) -> None:
         super().__init__(formatter, vw_args, batch_size, write_only=write_only,
                          audit_mode=audit_mode, vw_command=vw_command,
-                         metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s)
+                         metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s,
+                         io_timeout_s=io_timeout_s, restart_on_crash=restart_on_crash)
 
     def _clear_in_flight(self, deadline: Optional[float]) -> bool:
         engine = self._engine_or_raise()
-        engine.read_lines(self._pending * self._lines_per_example)
+        engine.read_lines(self._pending * self._lines_per_example, None, self.io_timeout_s)
         self._pending = 0
         return True
 
@@ -83,22 +92,24 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
             ``0``: nothing is sent
         :param debug_info: passed to every formatter call
         :param metrics: filled with ``prepare_time`` (from the call to the first
-            line, common features included), ``total_time`` and ``num_lines``
-            (predictions returned)
+            line, common features included), ``total_time``, ``num_lines``
+            (predictions returned), ``lock_wait_time`` (waiting for another
+            thread's call) and ``restarts`` (1 when this call restarted a failed engine)
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``
             tuples: ``generating_lines_time``, ``sending_lines_time``,
             ``receiving_lines_time`` (seconds per batch)
         :returns: an iterator over predictions (floats; label strings for
             :class:`~subwabbit.plt.VowpalWabbitPLTProcess`)
         :raises VowpalWabbitError: on a write-only or audit-mode process, or when the
-            engine fails
+            engine fails (:class:`~subwabbit.errors.VowpalWabbitEngineExitedError`,
+            :class:`~subwabbit.errors.VowpalWabbitTimeoutError` after ``io_timeout_s``)
         :raises ValueError: when a formatted line is not exactly one example
             (raised before that line's batch is sent)
         """
         start = time.perf_counter()
         deadline = deadline_from_timeout(timeout, start=start)
         self._require_predictions("predict")
-        self._engine_or_raise()
+        self._check_usable()
         metrics = self._prepare_metrics(metrics, detailed_metrics, (
             "generating_lines_time", "sending_lines_time", "receiving_lines_time"))
         return self._predict(start, deadline, common_features, items_features, debug_info,
@@ -136,9 +147,14 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  detailed: Optional[Dict[str, Any]]) -> Iterator[Any]:
         clock = time.perf_counter
         yielded = 0
+        token: Optional[object] = None
         try:
-            token, _ = self._start_call()
+            begun = self._begin_call(deadline, metrics, quiet_deadline=True)
+            if begun is None:
+                return
+            token = begun[0]
             engine = self._engine_or_raise()
+            io_timeout = self.io_timeout_s
             common_part = self.formatter.format_common_features(common_features,
                                                                 debug_info=debug_info)
             check_line_part(common_part, "the formatted common features")
@@ -162,7 +178,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                     data = encode_lines(lines, sent)
                     self._check_token(token)
                     began = clock()
-                    self._guard(engine.write_all, data)
+                    self._guard(engine.write_all, data, None, io_timeout)
                     self._pending += len(lines)
                     sent += len(lines)
                     in_flight.append(len(lines))
@@ -175,7 +191,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                 count = in_flight.popleft()
                 self._check_token(token)
                 began = clock()
-                raw = self._guard(engine.read_lines, count)
+                raw = self._guard(engine.read_lines, count, None, io_timeout)
                 self._pending -= count
                 predictions = self._guard(parse, raw)
                 if detailed is not None:
@@ -184,6 +200,8 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                     yielded += 1  # counted before the caller can stop at this yield
                     yield prediction
         finally:
+            if token is not None:
+                self._end_turn(token)
             if metrics is not None:
                 metrics["num_lines"] = yielded
                 metrics["total_time"] = clock() - start
@@ -213,30 +231,31 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         start = time.perf_counter()
         if self.audit_mode:
             raise VowpalWabbitError("train() is not available in audit mode; use explain_vw_line()")
-        engine = self._engine_or_raise()
+        self._check_usable()
         lines = self._format_training_lines(common_features, items_features, labels, weights,
                                             debug_info)
-        self._start_call()
-        if not lines:
-            self._finish_call("train", self._train_metrics(start, 0))
-            return
-        if self.write_only:
-            self._guard(engine.write_all, encode_lines(lines))
-        else:
-            in_flight: Deque[int] = collections.deque()
-            for offset in range(0, len(lines), self.batch_size):
-                batch = lines[offset:offset + self.batch_size]
-                self._guard(engine.write_all, encode_lines(batch, offset))
-                self._pending += len(batch)
-                in_flight.append(len(batch))
-                if len(in_flight) > 1:
+        metrics = self._train_metrics()
+        io_timeout = self.io_timeout_s
+        with self._call(None, metrics):
+            engine = self._engine_or_raise()
+            if self.write_only:
+                if lines:
+                    self._guard(engine.write_all, encode_lines(lines), None, io_timeout)
+            else:
+                in_flight: Deque[int] = collections.deque()
+                for offset in range(0, len(lines), self.batch_size):
+                    batch = lines[offset:offset + self.batch_size]
+                    self._guard(engine.write_all, encode_lines(batch, offset), None, io_timeout)
+                    self._pending += len(batch)
+                    in_flight.append(len(batch))
+                    if len(in_flight) > 1:
+                        self._read_and_discard(in_flight.popleft())
+                while in_flight:
                     self._read_and_discard(in_flight.popleft())
-            while in_flight:
-                self._read_and_discard(in_flight.popleft())
-        self._finish_call("train", self._train_metrics(start, len(lines)))
+        self._finish_train(metrics, start, len(lines))
 
     def _read_and_discard(self, count: int) -> None:
-        self._guard(self._engine_or_raise().read_lines, count)
+        self._guard(self._engine_or_raise().read_lines, count, None, self.io_timeout_s)
         self._pending -= count
 
 

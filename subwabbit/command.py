@@ -131,5 +131,23 @@ def build_argv(command: Sequence[str], vw_args: Sequence[str], *, predictions: b
     argv += ["--log_output", "stderr", "--driver_output_off"]
     if audit:
         argv.append("--audit")
-    argv += list(vw_args)
+    argv += quiet_but_errors(vw_args)
     return argv
+
+
+def quiet_but_errors(vw_args: Sequence[str]) -> List[str]:
+    """Replace ``--quiet`` with ``--log_level error``.
+
+    ``--quiet`` also silences the message of an error that ends the engine
+    (a malformed label, say), which subwabbit puts into the exception it
+    raises. Warnings and progress stay silent as with ``--quiet``. An explicit
+    ``--log_level`` is left alone.
+
+    :param vw_args: normalised engine arguments
+    :returns: the arguments to pass on
+    """
+    args = list(vw_args)
+    if "--quiet" not in args or any(arg == "--log_level" or arg.startswith("--log_level=")
+                                    for arg in args):
+        return args
+    return [arg for arg in args if arg != "--quiet"] + ["--log_level", "error"]

@@ -13,6 +13,7 @@ code 1, like the executable.
 This file imports nothing from subwabbit so that it can run as a plain script.
 """
 
+import os
 import signal
 import sys
 from typing import List, Optional
@@ -42,17 +43,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError as exc:
         sys.stderr.write(f"subwabbit.engine: cannot import pylibvw from the vowpalwabbit package: {exc}\n")
         return 1
-    if not _reads_data_file(args):
+    from_stdin = not _reads_data_file(args)
+    if from_stdin:
         args += ["--data", "/dev/stdin"]
     try:
         workspace = pylibvw.vw(args)
         workspace.run_parser()
+        if from_stdin and not _input_exhausted():
+            # The wheel's driver logs a fatal example error (a malformed
+            # multiclass label, say) and returns as if the input had ended;
+            # the vw executable exits with code 1 instead. So do we, without
+            # writing a -f model.
+            sys.stderr.write("vw: stopped before the end of its input after an error\n")
+            sys.stderr.flush()
+            return 1
         workspace.finish()
     except RuntimeError as exc:
         sys.stderr.write(f"vw: {exc}\n")
         sys.stderr.flush()
         return 1
     return 0
+
+
+def _input_exhausted() -> bool:
+    """Whether stdin is at end of file (the writer closed it and all was read)."""
+    try:
+        os.set_blocking(0, False)
+        return os.read(0, 1) == b""
+    except BlockingIOError:  # the writer is still there: the parser gave up early
+        return False
+    except OSError:  # not a pipe we can query; trust the driver
+        return True
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ _STDERR_TAIL_LINES = 50
 # milliseconds, which is a tenth of a 10 ms budget); it only handles fds below
 # FD_SETSIZE, so poll() is the fallback for busy processes.
 _SELECT_FD_LIMIT = 1024
+# How long an error report waits for a dead engine's exit status and last words.
+_EXIT_STATUS_WAIT_S = 1.0
 
 
 def _forward_stderr(fd: int, tail: Deque[str], pid: int) -> None:
@@ -145,6 +147,10 @@ class EngineProcess:
         assert self.proc.stderr is not None
         self.stdin_fd = self.proc.stdin.fileno()
         self.stdout_fd = self.proc.stdout.fileno()
+        # Every wait goes through select/poll with a deadline, so that no call
+        # can hang in a read or write on an engine that stopped answering.
+        os.set_blocking(self.stdin_fd, False)
+        os.set_blocking(self.stdout_fd, False)
         self._stderr_thread = threading.Thread(
             target=_forward_stderr, args=(self.proc.stderr.fileno(), self._stderr_tail, self.pid),
             name=f"subwabbit-vw{self.pid}-stderr", daemon=True)
@@ -154,6 +160,7 @@ class EngineProcess:
         try:
             if predictions_per_probe is None:
                 self._await_input_consumed(time.perf_counter() + startup_timeout_s)
+                os.set_blocking(self.stdout_fd, True)  # its reader thread blocks in read()
                 self._stdout_thread = threading.Thread(
                     target=_discard_stdout, args=(self.stdout_fd, self.pid),
                     name=f"subwabbit-vw{self.pid}-stdout", daemon=True)
@@ -196,7 +203,10 @@ class EngineProcess:
         """Collect what stdout still holds, until EOF or the deadline."""
         data = bytes(self._rbuf)
         while wait_for_fds(self.stdout_fd, None, deadline):
-            chunk = os.read(self.stdout_fd, _READ_CHUNK)
+            try:
+                chunk = os.read(self.stdout_fd, _READ_CHUNK)
+            except BlockingIOError:
+                continue
             if not chunk:
                 break
             data += chunk
@@ -256,37 +266,63 @@ class EngineProcess:
     # -------------------------------------------------------------------- I/O
 
     def exited_error(self, message: str, output: bytes = b"",
-                     wait_s: float = 1.0) -> VowpalWabbitEngineExitedError:
+                     deadline: Optional[float] = None) -> VowpalWabbitEngineExitedError:
         """Build the error for an engine that closed its pipes, with its exit
         status and the tail of its stderr.
 
         :param message: what the caller was doing
         :param output: stdout text that explains the failure
-        :param wait_s: how long to wait for the exit status and the last stderr lines
+        :param deadline: the caller's deadline: the exit status and the last
+            stderr lines are awaited until then, one second at most
         """
+        wait_s = _EXIT_STATUS_WAIT_S
+        if deadline is not None:
+            wait_s = min(wait_s, max(0.0, deadline - time.perf_counter()))
         try:
             returncode: Optional[int] = self.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             returncode = None
-        self._stderr_thread.join(timeout=wait_s)
+        self._stderr_thread.join(timeout=max(0.0, wait_s if deadline is None
+                                             else min(wait_s, deadline - time.perf_counter())))
         self._failure_reported = True
         return VowpalWabbitEngineExitedError(
             message, argv=self.argv, returncode=returncode, stderr_tail=self.stderr_tail(),
             output=output.decode("utf-8", "replace"))
 
     def set_nonblocking(self) -> None:
-        """Make the stdin and stdout pipes non-blocking."""
-        os.set_blocking(self.stdin_fd, False)
-        os.set_blocking(self.stdout_fd, False)
+        """Kept for compatibility: the stdin and stdout pipes are always non-blocking."""
 
     def set_pipe_size(self, size_bytes: int) -> int:
         """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted."""
         return fcntl.fcntl(self.stdin_fd, 1031, size_bytes)  # F_SETPIPE_SZ
 
-    def write_some(self, data: memoryview) -> int:
-        """Write what the stdin pipe takes now (non-blocking pipes), or all of
-        ``data`` (blocking pipes).
+    def wait(self, read: bool, write: bool, deadline: Optional[float],
+             idle_s: Optional[float], doing: str) -> bool:
+        """Sleep until stdout is readable (``read``) or stdin writable (``write``).
 
+        :param deadline: the caller's deadline (:func:`time.perf_counter`), or ``None``
+        :param idle_s: the longest wait without the engine becoming ready; ``None``: no limit
+        :param doing: what the caller was doing, for the error message
+        :returns: ``True`` when ready, ``False`` when ``deadline`` passed first
+        :raises VowpalWabbitTimeoutError: when ``idle_s`` passed first
+        """
+        limit = deadline
+        idle_limit = None if idle_s is None else time.perf_counter() + idle_s
+        if idle_limit is not None and (limit is None or idle_limit < limit):
+            limit = idle_limit
+        if wait_for_fds(self.stdout_fd if read else None, self.stdin_fd if write else None, limit):
+            return True
+        if limit is idle_limit:
+            raise VowpalWabbitTimeoutError(
+                f"the vw engine did not answer for {idle_s:g} s while {doing} "
+                "(io_timeout_s); it may be stopped or stuck", argv=self.argv,
+                returncode=self.returncode, stderr_tail=self.stderr_tail())
+        return False
+
+    def write_some(self, data: memoryview, deadline: Optional[float] = None) -> int:
+        """Write what the stdin pipe takes now.
+
+        :param deadline: how long an error report may wait for the exit status
         :returns: the number of bytes written (0 when the pipe is full)
         :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
         """
@@ -295,29 +331,33 @@ class EngineProcess:
         except BlockingIOError:
             return 0
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise self.exited_error("the vw engine stopped reading its input") from exc
+            raise self.exited_error("the vw engine stopped reading its input",
+                                    deadline=deadline) from exc
 
-    def write_all(self, data: bytes, deadline: Optional[float] = None) -> None:
-        """Write all of ``data``, waiting for pipe space until ``deadline``.
+    def write_all(self, data: bytes, deadline: Optional[float] = None,
+                  idle_s: Optional[float] = None) -> None:
+        """Write all of ``data``, waiting for pipe space.
 
-        :raises VowpalWabbitTimeoutError: when the deadline passes first
+        :param deadline: give up at this :func:`time.perf_counter` value
+        :param idle_s: give up when the engine takes nothing for this many seconds
+        :raises VowpalWabbitTimeoutError: when the deadline or ``idle_s`` passes first
         :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
         """
         view = memoryview(data)
-        while view:
-            if deadline is not None and not wait_for_fds(None, self.stdin_fd, deadline):
+        while True:
+            view = view[self.write_some(view, deadline):]
+            if not view:
+                return
+            if not self.wait(False, True, deadline, idle_s, "writing to it") or (
+                    deadline is not None and time.perf_counter() >= deadline):
                 raise VowpalWabbitTimeoutError(
                     "timed out writing to the vw engine", argv=self.argv,
-                    stderr_tail=self.stderr_tail())
-            written = self.write_some(view)
-            if not written and deadline is None:
-                wait_for_fds(None, self.stdin_fd, None)
-            view = view[written:]
+                    returncode=self.returncode, stderr_tail=self.stderr_tail())
 
-    def read_available(self) -> int:
-        """Move what stdout holds now into the line buffer (non-blocking pipes),
-        or block until something arrives (blocking pipes).
+    def read_available(self, deadline: Optional[float] = None) -> int:
+        """Move what stdout holds now into the line buffer.
 
+        :param deadline: how long an error report may wait for the exit status
         :returns: the number of bytes read (0: nothing available yet)
         :raises VowpalWabbitEngineExitedError: at EOF
         """
@@ -326,7 +366,7 @@ class EngineProcess:
         except BlockingIOError:
             return 0
         if not chunk:
-            raise self.exited_error("the vw engine closed its output")
+            raise self.exited_error("the vw engine closed its output", deadline=deadline)
         self._rbuf += chunk
         self._rbuf_lines += chunk.count(b"\n")
         return len(chunk)
@@ -354,26 +394,28 @@ class EngineProcess:
         self._rbuf_lines -= count
         return lines
 
-    def read_lines(self, count: int, deadline: Optional[float] = None) -> List[bytes]:
+    def read_lines(self, count: int, deadline: Optional[float] = None,
+                   idle_s: Optional[float] = None) -> List[bytes]:
         """Read exactly ``count`` lines from stdout.
 
-        :param deadline: when to give up (``None``: wait as long as it takes)
-        :raises VowpalWabbitTimeoutError: when the deadline passes first
+        :param deadline: give up at this :func:`time.perf_counter` value
+        :param idle_s: give up when the engine prints nothing for this many seconds
+        :raises VowpalWabbitTimeoutError: when the deadline or ``idle_s`` passes first
         :raises VowpalWabbitEngineExitedError: at EOF
         """
         while self._rbuf_lines < count:
-            if deadline is not None and not wait_for_fds(self.stdout_fd, None, deadline):
+            if self.read_available(deadline):
+                continue
+            if not self.wait(True, False, deadline, idle_s, "waiting for its predictions"):
                 raise VowpalWabbitTimeoutError(
                     f"timed out waiting for {count - self._rbuf_lines} line(s) from the vw engine",
-                    argv=self.argv, stderr_tail=self.stderr_tail())
-            if not self.read_available() and deadline is None:
-                wait_for_fds(self.stdout_fd, None, None)
+                    argv=self.argv, returncode=self.returncode, stderr_tail=self.stderr_tail())
         return self.take_lines(count)
 
     # ------------------------------------------------------------------- save
 
     def save_model(self, path: str, deadline: Optional[float],
-                   probe_lines: Optional[int]) -> None:
+                   probe_lines: Optional[int], idle_s: Optional[float] = None) -> None:
         """Have the engine write its model now, and place it at ``path`` atomically.
 
         The engine saves through its ``save_PATH|`` control example, which
@@ -386,7 +428,9 @@ class EngineProcess:
         predictions are waiting on stdout.
 
         :param probe_lines: output lines per example, or ``None`` for a write-only engine
+        :param idle_s: give up when the engine shows no progress for this many seconds
         :raises VowpalWabbitTimeoutError: when the save does not finish by ``deadline``
+            (or makes no progress for ``idle_s``)
         :raises VowpalWabbitEngineExitedError: when the engine dies meanwhile
         :raises VowpalWabbitError: when the engine processed the save but wrote no file
         """
@@ -400,11 +444,16 @@ class EngineProcess:
         command = f"save_{side}|\n".encode()
         try:
             if probe_lines is not None:
-                self.write_all(command + PROBE_LINE, deadline)
-                self.read_lines(probe_lines, deadline)
+                self.write_all(command + PROBE_LINE, deadline, idle_s)
+                self.read_lines(probe_lines, deadline, idle_s)
             else:
-                self.write_all(command, deadline)
+                self.write_all(command, deadline, idle_s)
                 delay = 0.0005
+                # A write-only engine has at most a pipe's worth of examples to
+                # learn before the save: io_timeout_s bounds the whole wait.
+                if idle_s is not None:
+                    idle_deadline = time.perf_counter() + idle_s
+                    deadline = idle_deadline if deadline is None else min(deadline, idle_deadline)
                 while not os.path.exists(side):
                     if self.proc.poll() is not None:
                         raise self.exited_error("the vw engine exited while saving its model")
@@ -434,7 +483,7 @@ class EngineProcess:
         self.proc.wait()
         self._close_pipes()
 
-    def _close_pipes(self) -> None:
+    def _close_pipes(self, deadline: Optional[float] = None) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 try:
@@ -442,16 +491,24 @@ class EngineProcess:
                 except OSError:
                     pass
         if self._stderr_thread.is_alive():
-            self._stderr_thread.join(timeout=1.0)
+            wait_s = 1.0 if deadline is None else max(0.0, deadline - time.perf_counter())
+            self._stderr_thread.join(timeout=wait_s)
+        # The reader thread closes nothing; a stderr still held open by a
+        # grandchild stays open until that thread sees EOF.
         if not self._stderr_thread.is_alive() and self.proc.stderr is not None:
             self.proc.stderr.close()
 
     def close(self, timeout_s: float = 30.0) -> Optional[int]:
         """Close stdin so that the engine finishes (and writes ``-f`` models),
-        discard what it still prints, and reap it. An engine that has not
-        exited within ``timeout_s`` gets SIGTERM, then SIGKILL. Idempotent.
+        discard what it still prints, and reap it; idempotent.
 
-        :returns: the exit status
+        Returns within ``timeout_s``: an engine still running when most of it
+        has passed gets SIGTERM, and SIGKILL shortly before the end (a second
+        and a fifth of a second before, at most half and a quarter of
+        ``timeout_s``).
+
+        :returns: the exit status (``None`` if even SIGKILL did not end the
+            engine in time; a background thread then reaps it)
         :raises VowpalWabbitEngineExitedError: when the engine exits with a
             non-zero status of its own after a clean shutdown request and no
             earlier error reported its failure
@@ -460,33 +517,41 @@ class EngineProcess:
             return self.proc.returncode
         self._closed = True
         deadline = time.perf_counter() + timeout_s
+        graceful_s = timeout_s - min(1.0, timeout_s / 2)
+        terminate_at = deadline - timeout_s + graceful_s
+        kill_at = deadline - min(0.2, timeout_s / 4)
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:
             pass
         if self._stdout_thread is None:
             try:
-                while wait_for_fds(self.stdout_fd, None, deadline):
+                while wait_for_fds(self.stdout_fd, None, terminate_at):
                     if not os.read(self.stdout_fd, _READ_CHUNK):
                         break
             except OSError:
                 pass
-        try:
-            self.proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
+        code = self._wait_until(terminate_at)
+        if code is None:
             self._killed_by_us = True
             logger.warning("vw[%d] did not exit within %.1f s of closing its input; terminating",
-                           self.pid, timeout_s)
+                           self.pid, graceful_s)
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            code = self._wait_until(kill_at)
+        if code is None:
+            logger.warning("vw[%d] ignored SIGTERM; killing it", self.pid)
+            self.proc.kill()
+            code = self._wait_until(deadline)
+        if code is None:
+            logger.error("vw[%d] survived SIGKILL for %.2f s; reaping it in the background",
+                         self.pid, timeout_s)
+            threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
+                             daemon=True).start()
         if self._stdout_thread is not None:
-            self._stdout_thread.join(timeout=1.0)
-        self._close_pipes()
-        code = self.proc.returncode
+            self._stdout_thread.join(timeout=max(0.0, deadline - time.perf_counter()))
+        self._close_pipes(deadline)
+        if code is None:
+            return None
         logger.info("vw[%d] %s", self.pid, describe_returncode(code))
         if code != 0 and not self._killed_by_us and not self._failure_reported:
             self._failure_reported = True
@@ -494,6 +559,12 @@ class EngineProcess:
                 "the vw engine failed while shutting down", argv=self.argv, returncode=code,
                 stderr_tail=self.stderr_tail())
         return code
+
+    def _wait_until(self, deadline: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            return None
 
     def release(self) -> None:
         """Non-blocking cleanup for a process that was never closed: close our

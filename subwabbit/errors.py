@@ -60,7 +60,18 @@ class VowpalWabbitEngineExitedError(VowpalWabbitError):
 
 
 class VowpalWabbitTimeoutError(VowpalWabbitError):
-    """The engine did not answer within an I/O timeout."""
+    """The engine did not answer within an I/O timeout (``io_timeout_s``, a
+    save's timeout, or the start-up timeout). The engine's output can no
+    longer be matched to the calls that sent input, so the process object
+    must be restarted (:meth:`~subwabbit.process_model.VowpalWabbitProcessModel.restart`,
+    or ``restart_on_crash=True``) or closed."""
+
+
+class VowpalWabbitBusyError(VowpalWabbitError):
+    """Another thread's call held the process for longer than this call could
+    wait (``io_timeout_s`` for a call without a deadline). Calls on one
+    process object are serialised; an unfinished ``predict`` iterator holds
+    the process until it is exhausted, closed or garbage-collected."""
 
 
 class VowpalWabbitProtocolError(VowpalWabbitError):

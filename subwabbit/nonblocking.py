@@ -8,9 +8,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Unio
 from .base import Label, VowpalWabbitBaseFormatter
 from .command import VwArgs
 from .deadlines import deadline_from_timeout, validate_seconds
-from .engine_process import wait_for_fds
+from .engine_process import EngineProcess
 from .lines import check_line_part, encode_lines
-from .process_model import MetricsHook, VowpalWabbitProcessModel
+from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProcessModel
 
 _COMPACT_BYTES = 1 << 16
 
@@ -43,6 +43,12 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         deadline, so that the engine can answer what is in flight in time
     :param metrics_hook: called with each call's metrics dict when the call ends
     :param startup_timeout_s: how long the engine may take to start
+    :param io_timeout_s: for calls without a deadline (``train``, ``save``,
+        ``predict(timeout=None)``, ``cleanup(None)``): the longest the engine
+        may stay silent before :class:`~subwabbit.errors.VowpalWabbitTimeoutError`;
+        ``None``: wait forever. Calls with a deadline return by it instead
+    :param restart_on_crash: after the engine fails, start a fresh one at the
+        next call (counted in ``metrics['restarts']`` and :attr:`restart_count`, logged)
     :raises NotImplementedError: on an operating system other than Linux
     """
 
@@ -52,7 +58,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                  pipe_buffer_size_bytes: Optional[int] = None,
                  vw_command: Union[str, Sequence[str], None] = None, *,
                  write_cutoff_s: float = 0.001, metrics_hook: Optional[MetricsHook] = None,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0,
+                 io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
+                 restart_on_crash: bool = False) -> None:
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
@@ -79,25 +87,30 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         self._discard = 0
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
-                         startup_timeout_s=startup_timeout_s)
+                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
+                         restart_on_crash=restart_on_crash)
 
     @property
     def write_timeout_ms(self) -> float:
         """Deprecated alias of :attr:`write_cutoff_s` (seconds)."""
         return self.write_cutoff_s
 
-    def _after_start(self) -> None:
-        engine = self._engine_or_raise()
+    def _after_start(self, engine: EngineProcess) -> None:
         if self.pipe_buffer_size_bytes is not None:
             engine.set_pipe_size(self.pipe_buffer_size_bytes)
-        engine.set_nonblocking()
+
+    def _forget_in_flight(self) -> None:
+        super()._forget_in_flight()
+        del self._wbuf[:]
+        self._woff = 0
+        self._discard = 0
 
     # ------------------------------------------------------- pipe plumbing
 
-    def _write_some(self) -> int:
+    def _write_some(self, deadline: Optional[float] = None) -> int:
         """Write what the pipe takes now; returns the number of bytes written."""
         engine = self._engine_or_raise()
-        written = engine.write_some(memoryview(self._wbuf)[self._woff:])
+        written = engine.write_some(memoryview(self._wbuf)[self._woff:], deadline)
         self._woff += written
         if self._woff == len(self._wbuf):
             del self._wbuf[:]
@@ -124,14 +137,15 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         self._pending -= dropped
         return dropped
 
-    def _receive(self) -> Optional[List[Any]]:
+    def _receive(self, deadline: Optional[float] = None) -> Optional[List[Any]]:
         """Read what the engine has printed; discard leftovers of earlier calls.
 
+        :param deadline: how long an error report may wait for a dead engine's exit status
         :returns: ``None`` when nothing arrived, else the predictions (maybe
             none) that belong to the current call
         """
         engine = self._engine_or_raise()
-        if not engine.read_available():
+        if not engine.read_available(deadline):
             return None
         complete = engine.buffered_lines
         if self._discard:
@@ -146,16 +160,18 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         return self.parse_predictions(engine.take_lines(complete))
 
     def _wait(self, deadline: Optional[float]) -> None:
-        engine = self._engine_or_raise()
-        wait_for_fds(engine.stdout_fd,
-                     engine.stdin_fd if self._woff < len(self._wbuf) else None, deadline)
+        """Sleep until the engine can take or give more, or the deadline;
+        without a deadline, raise after ``io_timeout_s`` of silence."""
+        self._engine_or_raise().wait(True, self._woff < len(self._wbuf), deadline,
+                                     self.io_timeout_s if deadline is None else None,
+                                     "waiting for its predictions")
 
     def _clear_in_flight(self, deadline: Optional[float]) -> bool:
         self._discard = self._pending
         self._discard -= self._drop_unwritten_lines()
         while self._discard:
-            progressed = bool(self._woff < len(self._wbuf) and self._write_some())
-            if self._receive() is not None:
+            progressed = bool(self._woff < len(self._wbuf) and self._write_some(deadline))
+            if self._receive(deadline) is not None:
                 progressed = True
             if not self._discard:
                 break
@@ -176,11 +192,12 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :returns: whether nothing is left in flight
         """
         del debug_info
-        self._engine_or_raise()
-        self._call_token = None
-        if not self._pending:
-            return True
-        return bool(self._guard(self._clear_in_flight, deadline))
+        self._check_usable()
+        begun = self._begin_call(deadline, quiet_deadline=True)
+        if begun is None:
+            return False
+        self._end_turn(begun[0])
+        return begun[1]
 
     # ------------------------------------------------------------ predict
 
@@ -203,17 +220,22 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :param debug_info: passed to every formatter call
         :param metrics: filled with ``cleanup_time``, ``before_cleanup_pending_lines``,
             ``after_cleanup_pending_lines`` (leftovers of earlier calls),
-            ``prepare_time``, ``total_time`` and ``num_lines``
+            ``prepare_time``, ``total_time``, ``num_lines``, ``lock_wait_time``
+            (waiting for another thread's call, part of ``cleanup_time``) and
+            ``restarts`` (1 when this call restarted a failed engine)
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``:
             ``sending_bytes``, ``receiving_bytes``, ``pending_lines``,
             ``generating_lines_time``, ``sending_lines_time``, ``receiving_lines_time``
         :returns: an iterator over predictions
         :raises ValueError: when a formatted line is not exactly one example
+        :raises VowpalWabbitEngineExitedError: when the engine dies (within the
+            deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError` only
+            without a deadline, after ``io_timeout_s`` of silence
         """
         start = time.perf_counter()
         deadline = deadline_from_timeout(timeout, start=start)
         self._require_predictions("predict")
-        self._engine_or_raise()
+        self._check_usable()
         metrics = self._prepare_metrics(metrics, detailed_metrics, (
             "sending_bytes", "receiving_bytes", "pending_lines", "generating_lines_time",
             "sending_lines_time", "receiving_lines_time"))
@@ -227,14 +249,18 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         # pylint: disable=too-many-branches,too-many-statements,too-many-locals
         clock = time.perf_counter
         yielded = 0
+        token: Optional[object] = None
         try:
             if metrics is not None:
                 metrics["before_cleanup_pending_lines"] = self._pending
             began = clock()
-            token, cleared = self._start_call(deadline)
+            begun = self._begin_call(deadline, metrics, quiet_deadline=True)
             if metrics is not None:
                 metrics["cleanup_time"] = clock() - began
                 metrics["after_cleanup_pending_lines"] = self._pending
+            if begun is None:
+                return
+            token, cleared = begun
             if not cleared:
                 return
             write_deadline = None if deadline is None else deadline - self.write_cutoff_s
@@ -280,14 +306,14 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                 # 2. write what the pipe takes
                 if self._woff < len(self._wbuf):
                     began = clock()
-                    written = self._guard(self._write_some)
+                    written = self._guard(self._write_some, deadline)
                     progressed = progressed or written > 0
                     if detailed is not None:
                         detailed["sending_lines_time"].append((clock(), clock() - began))
                         detailed["sending_bytes"].append((clock(), written))
                 # 3. read what has arrived
                 began = clock()
-                predictions = self._guard(self._receive)
+                predictions = self._guard(self._receive, deadline)
                 if detailed is not None:
                     detailed["receiving_lines_time"].append((clock(), clock() - began))
                     detailed["receiving_bytes"].append(
@@ -303,8 +329,10 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                 if not producing and not self._pending:
                     break
                 if not progressed:
-                    self._wait(deadline)
+                    self._guard(self._wait, deadline)
         finally:
+            if token is not None:
+                self._end_turn(token)
             if metrics is not None:
                 metrics["num_lines"] = yielded
                 metrics["total_time"] = clock() - start
@@ -328,16 +356,18 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         """
         start = time.perf_counter()
         self._require_predictions("train")
+        self._check_usable()
         lines = self._format_training_lines(common_features, items_features, labels, weights,
                                             debug_info)
-        self._start_call()
-        if lines:
-            self._wbuf += encode_lines(lines)
-            self._pending += len(lines)
-            while self._pending:
-                progressed = self._woff < len(self._wbuf) and self._guard(self._write_some) > 0
-                if self._guard(self._receive) is not None:
-                    progressed = True
-                if self._pending and not progressed:
-                    self._wait(None)
-        self._finish_call("train", self._train_metrics(start, len(lines)))
+        metrics = self._train_metrics()
+        with self._call(None, metrics):
+            if lines:
+                self._wbuf += encode_lines(lines)
+                self._pending += len(lines)
+                while self._pending:
+                    progressed = self._woff < len(self._wbuf) and self._guard(self._write_some) > 0
+                    if self._guard(self._receive) is not None:
+                        progressed = True
+                    if self._pending and not progressed:
+                        self._guard(self._wait, None)
+        self._finish_train(metrics, start, len(lines))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from subwabbit.command import (ENGINE_ENV_VAR, build_argv, default_engine_command,
-                               normalize_vw_args, resolve_engine_command)
+                               normalize_vw_args, quiet_but_errors, resolve_engine_command)
 from subwabbit.deadlines import deadline_from_timeout, remaining, validate_seconds
 
 # ------------------------------------------------------------------ normalize_vw_args
@@ -160,8 +160,20 @@ def test_build_argv_command_prefix_and_user_args_last():
     argv = build_argv(command, user, predictions=True, audit=False)
     assert argv[:2] == command
     assert argv[2:4] == ["-p", "stdout"]
-    assert argv[-4:] == ["-i", "model.vw", "-t", "--quiet"]
+    # --quiet would also hide the message of a fatal example error
+    assert argv[-5:] == ["-i", "model.vw", "-t", "--log_level", "error"]
+    assert "--quiet" not in argv
     assert command == [sys.executable, "/x/engine.py"]  # not modified
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--quiet"], ["--log_level", "error"]),
+    (["--quiet", "--log_level", "warn"], ["--quiet", "--log_level", "warn"]),
+    (["--quiet", "--log_level=info"], ["--quiet", "--log_level=info"]),
+    (["-t"], ["-t"]),
+])
+def test_quiet_keeps_fatal_errors_audible(args, expected):
+    assert quiet_but_errors(args) == expected
 
 
 def test_build_argv_does_not_share_the_command_list():

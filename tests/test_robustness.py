@@ -1,0 +1,424 @@
+"""A dead, stuck, misused or shared engine: every failure is fast, loud and exact.
+
+Every test drives a real engine (or a small Python child that plays a stubborn
+one) through both process classes.
+"""
+
+import gc
+import logging
+import os
+import random
+import signal
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import pytest
+
+from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
+                       VowpalWabbitEngineExitedError, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
+                       VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+
+from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
+                       open_fds, scoring_args)
+
+CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
+CLASS_IDS = ["blocking", "nonblocking"]
+
+
+def _items(count, offset=0):
+    return [{"id": (offset + index) % 50} for index in range(count)]
+
+
+def _expected(formatter, trained_model, tmp_path, common, items):
+    return expected_scalars(format_lines(formatter, common, items), scoring_args(trained_model),
+                            tmp_path)
+
+
+def _resume(process_id):
+    try:
+        os.kill(process_id, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+# ------------------------------------------------------------------ crashes
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_sigkill_mid_call_raises_with_details_and_restart_recovers(cls, trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 3}
+    items = _items(5000)
+    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    with cls(formatter, scoring_args(trained_model)) as model:
+        engine_pid = model.pid
+        got = []
+        iterator = model.predict(common, items, timeout=None if cls is VowpalWabbitProcess else 5.0)
+        got.append(next(iterator))
+        os.kill(engine_pid, signal.SIGKILL)
+        killed_at = time.perf_counter()
+        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+            for prediction in iterator:
+                got.append(prediction)
+        assert time.perf_counter() - killed_at < 1.0
+        error = caught.value
+        assert error.returncode == -signal.SIGKILL
+        assert error.argv == model.argv
+        assert "killed by SIGKILL" in str(error)
+        # what was returned before the crash is exact
+        assert got == pytest.approx(expected[:len(got)], abs=1e-6)
+        assert len(got) < len(items)
+        # the object refuses to guess until it is restarted
+        with pytest.raises(VowpalWabbitError, match="failed earlier"):
+            list(model.predict(common, items[:3]))
+        model.restart()
+        assert model.pid != engine_pid and model.restart_count == 1
+        assert list(model.predict(common, items)) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_input_that_makes_the_engine_exit_is_reported_with_its_stderr(cls):
+    # A non-numeric label under --oaa ends the engine (exit code 1).
+    with cls(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet"]) as model:
+        assert list(model.predict("1", ["|f a", "|f b"])) == [1.0, 1.0]
+        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+            list(model.predict("abc", ["|f a"] * 10, timeout=None))
+        assert caught.value.returncode == 1
+        assert "label" in caught.value.stderr_tail
+        assert caught.value.argv == model.argv
+        with pytest.raises(VowpalWabbitError, match="failed earlier"):
+            model.train("|f", ["a"], labels=[1], weights=[None])
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_restart_on_crash_restarts_once_counts_and_logs(cls, trained_model, tmp_path, caplog):
+    formatter = DictFormatter()
+    common = {"user": 5, "ctx": ["k1"]}
+    items = _items(300)
+    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    hooked = []
+    with cls(formatter, scoring_args(trained_model), restart_on_crash=True,
+             metrics_hook=hooked.append) as model:
+        first_pid = model.pid
+        metrics = {}
+        assert list(model.predict(common, items, metrics=metrics)) == pytest.approx(expected)
+        assert metrics["restarts"] == 0
+        os.kill(first_pid, signal.SIGKILL)
+        # the crash surfaces in the call that meets it ...
+        with pytest.raises(VowpalWabbitEngineExitedError):
+            list(model.predict(common, items))
+        # ... and the next call restarts the engine before serving
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            assert list(model.predict(common, items, metrics=metrics)) == pytest.approx(expected)
+        assert metrics["restarts"] == 1
+        assert model.restart_count == 1 and model.pid != first_pid
+        assert any("restarted the vw engine" in record.getMessage() for record in caplog.records)
+        assert hooked[-1]["restarts"] == 1
+        # a healthy process does not restart again
+        assert list(model.predict(common, items, metrics=metrics)) == pytest.approx(expected)
+        assert metrics["restarts"] == 0 and model.restart_count == 1
+
+
+def test_write_only_engine_crash_is_reported_by_the_next_write(tmp_path):
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], write_only=True)
+    try:
+        os.kill(model.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+            model.train("|f a", ["|g b"] * 20000, labels=[1] * 20000, weights=[None] * 20000)
+        assert caught.value.returncode == -signal.SIGKILL
+        model.restart()
+        model.train("|f a", ["|g b"], labels=[1], weights=[None])
+        model.save(str(tmp_path / "m.vw"))
+        assert (tmp_path / "m.vw").stat().st_size > 0
+    finally:
+        model.close()
+
+
+# ------------------------------------------------------------------- stalls
+
+def test_blocking_io_timeout_raises_instead_of_waiting_forever(trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 1}
+    items = _items(200)
+    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), io_timeout_s=0.5) as model:
+        stopped = model.pid
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            began = time.perf_counter()
+            with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 0.5 s"):
+                list(model.predict(common, items))
+            elapsed = time.perf_counter() - began
+            assert 0.5 <= elapsed < 0.5 + 0.5
+            with pytest.raises(VowpalWabbitError, match="failed earlier"):
+                list(model.predict(common, items))
+            began = time.perf_counter()
+            model.restart()
+            assert time.perf_counter() - began < 2.0
+        finally:
+            _resume(stopped)
+        assert list(model.predict(common, items)) == pytest.approx(expected)
+    assert stopped not in children_of_this_process()
+
+
+def test_blocking_write_timeout_on_a_stopped_write_only_engine():
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], write_only=True,
+                             io_timeout_s=0.5) as model:
+        os.kill(model.pid, signal.SIGSTOP)
+        try:
+            began = time.perf_counter()
+            count = 50000  # far more than a pipe holds
+            with pytest.raises(VowpalWabbitTimeoutError, match="writing"):
+                model.train("|f a b c", ["|g d e f"] * count, labels=[1] * count,
+                            weights=[None] * count)
+            assert time.perf_counter() - began < 0.5 + 1.0
+        finally:
+            _resume(model.pid)
+
+
+def test_io_timeout_none_keeps_waiting_like_2x(trained_model):
+    formatter = DictFormatter()
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), io_timeout_s=None) as model:
+        os.kill(model.pid, signal.SIGSTOP)
+        threading.Timer(1.0, os.kill, (model.pid, signal.SIGCONT)).start()
+        began = time.perf_counter()
+        assert len(list(model.predict({"user": 1}, _items(100)))) == 100
+        assert time.perf_counter() - began >= 0.9
+
+
+def test_nonblocking_stalled_engine_never_makes_calls_late(trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 2}
+    items = _items(1000)
+    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model)) as model:
+        assert list(model.predict(common, items)) == pytest.approx(expected)
+        os.kill(model.pid, signal.SIGSTOP)
+        late = []
+        try:
+            for _ in range(30):
+                began = time.perf_counter()
+                got = list(model.predict(common, items, timeout=0.010))
+                late.append(time.perf_counter() - began - 0.010)
+                assert got == pytest.approx(expected[:len(got)])
+        finally:
+            os.kill(model.pid, signal.SIGCONT)
+        # generous: the worst lateness measured here is well under a millisecond
+        assert max(late) < 0.020, late
+        # after the stall, leftovers are cleared and answers are exact again
+        assert list(model.predict(common, items)) == pytest.approx(expected)
+
+
+def test_nonblocking_without_deadline_uses_io_timeout(trained_model):
+    formatter = DictFormatter()
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model),
+                                        io_timeout_s=0.5, restart_on_crash=True) as model:
+        stopped = model.pid
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            began = time.perf_counter()
+            with pytest.raises(VowpalWabbitTimeoutError):
+                list(model.predict({"user": 1}, _items(500), timeout=None))
+            assert time.perf_counter() - began < 0.5 + 0.5
+        finally:
+            _resume(stopped)
+        metrics = {}
+        assert len(list(model.predict({"user": 1}, _items(500), metrics=metrics))) == 500
+        assert metrics["restarts"] == 1
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_of_a_stopped_engine_returns_within_its_timeout(cls, trained_model):
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine_pid = model.pid
+    os.kill(engine_pid, signal.SIGSTOP)
+    began = time.perf_counter()
+    model.close(timeout=1.0)
+    assert time.perf_counter() - began < 1.0 + 0.1
+    assert engine_pid not in children_of_this_process()
+
+
+STUBBORN_ENGINE = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for line in sys.stdin:
+        sys.stdout.write("0\\n")
+        sys.stdout.flush()
+    while True:  # input closed: a well-behaved engine would exit now
+        time.sleep(1)
+""")
+
+
+def test_close_kills_an_engine_that_ignores_eof_and_sigterm(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN_ENGINE)
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), [],
+                                vw_command=[sys.executable, str(script)])
+    assert list(model.predict("|a", ["|b x"] * 3)) == [0.0, 0.0, 0.0]
+    engine_pid = model.pid
+    began = time.perf_counter()
+    model.close(timeout=1.0)
+    assert time.perf_counter() - began < 1.0 + 0.1
+    assert engine_pid not in children_of_this_process()
+
+
+# ------------------------------------------------------------------ start-up
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+@pytest.mark.parametrize("vw_args, vw_command, message", [
+    (["--quiet"], "/nonexistent/bin/vw", "cannot run the vw engine"),
+    (["-i", "/nonexistent/model.vw", "--quiet"], None, "can't open: /nonexistent/model.vw"),
+    (["--no_such_option", "--quiet"], None, "no_such_option"),
+], ids=["missing-executable", "unreadable-model", "bad-argument"])
+def test_startup_failures_raise_quickly_with_the_engines_words(cls, vw_args, vw_command, message):
+    before = children_of_this_process()
+    began = time.perf_counter()
+    with pytest.raises(VowpalWabbitStartupError) as caught:
+        cls(DictFormatter(), vw_args, vw_command=vw_command)
+    assert time.perf_counter() - began < 2.0
+    assert message in str(caught.value)
+    assert children_of_this_process() == before
+
+
+# ------------------------------------------------------------------- threads
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_threads_sharing_a_process_each_get_their_own_predictions(cls, trained_model, tmp_path):
+    formatter = DictFormatter()
+    rng = random.Random(7)
+    requests = []
+    for index in range(48):
+        common = {"user": index % 9, "ctx": [f"k{index % 4}"]}
+        requests.append((common, _items(rng.randint(1, 400), offset=rng.randint(0, 49))))
+    all_lines = [line for common, items in requests for line in format_lines(formatter, common, items)]
+    flat = expected_scalars(all_lines, scoring_args(trained_model), tmp_path)
+    expected, position = [], 0
+    for _, items in requests:
+        expected.append(flat[position:position + len(items)])
+        position += len(items)
+
+    errors = []
+    checked = []
+
+    def worker(thread_index, model):
+        local = random.Random(thread_index)
+        try:
+            for _ in range(12):
+                request = local.randrange(len(requests))
+                common, items = requests[request]
+                timeout = local.choice([None, None, 0.005, 0.05])
+                got = []
+                abandoned = False
+                for prediction in model.predict(common, items, timeout=timeout):
+                    got.append(prediction)
+                    if local.random() < 0.002:
+                        abandoned = True  # must not shift anyone's predictions
+                        break
+                assert got == pytest.approx(expected[request][:len(got)], abs=1e-6)
+                if timeout is None and not abandoned:
+                    assert len(got) == len(items)
+                checked.append(len(got))
+        except BaseException as exc:  # pylint: disable=broad-except
+            errors.append(exc)
+
+    with cls(formatter, scoring_args(trained_model)) as model:
+        threads = [threading.Thread(target=worker, args=(index, model)) for index in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert not errors, errors
+        assert len(checked) == 8 * 12 and sum(checked) > 0
+        # the process is still exact afterwards
+        common, items = requests[0]
+        assert list(model.predict(common, items)) == pytest.approx(expected[0], abs=1e-6)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_unfinished_iterator_in_another_thread_blocks_then_refuses(cls, trained_model):
+    formatter = DictFormatter()
+    with cls(formatter, scoring_args(trained_model), io_timeout_s=0.3) as model:
+        held = model.predict({"user": 1}, _items(500))
+        next(held)  # this thread now holds the process
+        outcome = {}
+
+        def other_thread():
+            metrics = {}
+            began = time.perf_counter()
+            outcome["with_deadline"] = list(model.predict({"user": 2}, _items(5), timeout=0.05,
+                                                          metrics=metrics))
+            outcome["deadline_elapsed"] = time.perf_counter() - began
+            outcome["lock_wait_time"] = metrics["lock_wait_time"]
+            try:
+                list(model.predict({"user": 2}, _items(5)))
+            except VowpalWabbitBusyError as exc:
+                outcome["busy"] = exc
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(timeout=10)
+        assert outcome["with_deadline"] == []
+        assert 0.05 <= outcome["lock_wait_time"] and outcome["deadline_elapsed"] < 0.05 + 0.05
+        assert "serialised" in str(outcome["busy"])
+        held.close()  # releases the process
+        thread = threading.Thread(
+            target=lambda: outcome.update(after=list(model.predict({"user": 2}, _items(5)))))
+        thread.start()
+        thread.join(timeout=10)
+        assert len(outcome["after"]) == 5
+
+
+# ------------------------------------------------------------------- hygiene
+
+def test_open_close_cycles_leak_nothing(trained_model):
+    for cls in CLASSES:  # warm up: imports, first-use caches
+        cls(DictFormatter(), scoring_args(trained_model)).close()
+    gc.collect()
+    fds_before = open_fds()
+    children_before = children_of_this_process()
+    threads_before = threading.active_count()
+    for cycle in range(200):
+        kind = cycle % 4
+        if kind == 3:
+            model = VowpalWabbitProcess(DictFormatter(), ["--quiet"], write_only=True)
+            model.train({"user": 1}, _items(3), labels=[1, -1, 1], weights=[None] * 3)
+        else:
+            model = CLASSES[kind % 2](DictFormatter(), scoring_args(trained_model))
+            assert len(list(model.predict({"user": 1}, _items(3)))) == 3
+        model.close()
+    gc.collect()
+    assert open_fds() == fds_before
+    assert children_of_this_process() == children_before
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == threads_before
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_dropped_process_warns_is_reaped_and_del_never_blocks(cls, trained_model):
+    fds_before = open_fds()
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine_pid = model.pid
+    os.kill(engine_pid, signal.SIGSTOP)  # an engine that cannot even exit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        began = time.perf_counter()
+        del model
+        gc.collect()
+        assert time.perf_counter() - began < 0.2
+    assert any(issubclass(warning.category, ResourceWarning) for warning in caught)
+    os.kill(engine_pid, signal.SIGCONT)  # now it sees EOF and exits; the reaper collects it
+    deadline = time.monotonic() + 10
+    while engine_pid in children_of_this_process() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine_pid not in children_of_this_process()
+    deadline = time.monotonic() + 5
+    while open_fds() > fds_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_fds() <= fds_before
