@@ -560,6 +560,12 @@ class EngineProcess:
                 stderr_tail=self.stderr_tail())
         return code
 
+    def kill(self) -> None:
+        """Send SIGKILL now (the pipes stay open until :meth:`close`)."""
+        self._killed_by_us = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+
     def _wait_until(self, deadline: float) -> Optional[int]:
         try:
             return self.proc.wait(timeout=max(0.0, deadline - time.perf_counter()))

@@ -479,6 +479,13 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         began = time.perf_counter()
         token = object()
         held = self._wait_for_turn(token, began + timeout / 2)
+        if not held and self._engine is not None and self._engine.returncode is None:
+            # Another thread's call is still running: kill the engine so that
+            # it fails at once, and let it end before the pipes are closed.
+            logger.warning("close(): another thread's call still holds %r; killing the engine",
+                           self)
+            self._engine.kill()
+            held = self._wait_for_turn(token, began + timeout * 0.75)
         try:
             self._closed = True
             self._call_token = None

@@ -422,3 +422,31 @@ def test_dropped_process_warns_is_reaped_and_del_never_blocks(cls, trained_model
     while open_fds() > fds_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_fds() <= fds_before
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_model):
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine_pid = model.pid
+    holder_ready = threading.Event()
+    outcome = {}
+
+    def holder():
+        iterator = model.predict({"user": 1}, _items(2000))
+        next(iterator)
+        holder_ready.set()
+        time.sleep(0.6)  # parked in user code, holding the process
+        try:
+            list(iterator)
+        except VowpalWabbitError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holder_ready.wait(10)
+    began = time.perf_counter()
+    model.close(timeout=1.0)
+    assert time.perf_counter() - began < 1.0 + 0.1
+    thread.join(10)
+    assert isinstance(outcome.get("error"), VowpalWabbitError)
+    assert engine_pid not in children_of_this_process()
