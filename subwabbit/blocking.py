@@ -236,23 +236,27 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                                             debug_info)
         metrics = self._train_metrics()
         io_timeout = self.io_timeout_s
-        with self._call(None, metrics):
-            engine = self._engine_or_raise()
-            if self.write_only:
-                if lines:
-                    self._guard(engine.write_all, encode_lines(lines), None, io_timeout)
-            else:
-                in_flight: Deque[int] = collections.deque()
-                for offset in range(0, len(lines), self.batch_size):
-                    batch = lines[offset:offset + self.batch_size]
-                    self._guard(engine.write_all, encode_lines(batch, offset), None, io_timeout)
-                    self._pending += len(batch)
-                    in_flight.append(len(batch))
-                    if len(in_flight) > 1:
+        learnt = 0
+        try:
+            with self._call(None, metrics):
+                engine = self._engine_or_raise()
+                if self.write_only:
+                    if lines:
+                        self._guard(engine.write_all, encode_lines(lines), None, io_timeout)
+                else:
+                    in_flight: Deque[int] = collections.deque()
+                    for offset in range(0, len(lines), self.batch_size):
+                        batch = lines[offset:offset + self.batch_size]
+                        self._guard(engine.write_all, encode_lines(batch, offset), None, io_timeout)
+                        self._pending += len(batch)
+                        in_flight.append(len(batch))
+                        if len(in_flight) > 1:
+                            self._read_and_discard(in_flight.popleft())
+                    while in_flight:
                         self._read_and_discard(in_flight.popleft())
-                while in_flight:
-                    self._read_and_discard(in_flight.popleft())
-        self._finish_train(metrics, start, len(lines))
+            learnt = len(lines)
+        finally:
+            self._finish_train(metrics, start, learnt)
 
     def _read_and_discard(self, count: int) -> None:
         self._guard(self._engine_or_raise().read_lines, count, None, self.io_timeout_s)
@@ -260,3 +264,12 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
 
 
 _END = object()
+
+
+def __getattr__(name: str) -> Any:
+    """``from subwabbit.blocking import VowpalWabbitPLTProcess`` as in subwabbit 2.x
+    (the class lives in :mod:`subwabbit.plt`, which imports this module)."""
+    if name == "VowpalWabbitPLTProcess":
+        from .plt import VowpalWabbitPLTProcess  # pylint: disable=import-outside-toplevel
+        return VowpalWabbitPLTProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

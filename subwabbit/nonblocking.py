@@ -85,6 +85,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         self._woff = 0
         # How many of the oldest pending predictions belong to calls that ended.
         self._discard = 0
+        # Bytes the last read brought (for detailed metrics).
+        self._received_bytes = 0
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
@@ -145,7 +147,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
             none) that belong to the current call
         """
         engine = self._engine_or_raise()
-        if not engine.read_available(deadline):
+        self._received_bytes = engine.read_available(deadline)
+        if not self._received_bytes:
             return None
         complete = engine.buffered_lines
         if self._discard:
@@ -316,8 +319,7 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                 predictions = self._guard(self._receive, deadline)
                 if detailed is not None:
                     detailed["receiving_lines_time"].append((clock(), clock() - began))
-                    detailed["receiving_bytes"].append(
-                        (clock(), 0 if predictions is None else len(predictions)))
+                    detailed["receiving_bytes"].append((clock(), self._received_bytes))
                     detailed["pending_lines"].append((clock(), self._pending))
                 if predictions is not None:
                     progressed = True
@@ -360,14 +362,19 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         lines = self._format_training_lines(common_features, items_features, labels, weights,
                                             debug_info)
         metrics = self._train_metrics()
-        with self._call(None, metrics):
-            if lines:
-                self._wbuf += encode_lines(lines)
-                self._pending += len(lines)
-                while self._pending:
-                    progressed = self._woff < len(self._wbuf) and self._guard(self._write_some) > 0
-                    if self._guard(self._receive) is not None:
-                        progressed = True
-                    if self._pending and not progressed:
-                        self._guard(self._wait, None)
-        self._finish_train(metrics, start, len(lines))
+        learnt = 0
+        try:
+            with self._call(None, metrics):
+                if lines:
+                    self._wbuf += encode_lines(lines)
+                    self._pending += len(lines)
+                    while self._pending:
+                        progressed = (self._woff < len(self._wbuf)
+                                      and self._guard(self._write_some) > 0)
+                        if self._guard(self._receive) is not None:
+                            progressed = True
+                        if self._pending and not progressed:
+                            self._guard(self._wait, None)
+                learnt = len(lines)
+        finally:
+            self._finish_train(metrics, start, learnt)

@@ -396,6 +396,8 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
 
     def _finish_train(self, metrics: Optional[Dict[str, Any]], start: float,
                       num_lines: int) -> None:
+        """Hand a ``train`` call's metrics to the hook, however the call ended;
+        ``num_lines`` is 0 when it failed."""
         if metrics is not None:
             metrics["num_lines"] = num_lines
             metrics["total_time"] = time.perf_counter() - start

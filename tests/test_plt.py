@@ -20,3 +20,11 @@ def test_label_predictions_equal_engine(tmp_path):
     assert predictions == expected
     assert all(isinstance(prediction, str) for prediction in predictions)
     assert any("," in prediction for prediction in predictions)
+
+
+def test_2x_import_paths_still_work():
+    from subwabbit.base import VowpalWabbitError as base_error  # pylint: disable=import-outside-toplevel
+    from subwabbit.blocking import VowpalWabbitPLTProcess as old_path  # pylint: disable=import-outside-toplevel
+    import subwabbit  # pylint: disable=import-outside-toplevel
+    assert old_path is subwabbit.VowpalWabbitPLTProcess
+    assert base_error is subwabbit.VowpalWabbitError
