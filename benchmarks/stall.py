@@ -4,7 +4,8 @@ Run: ``python -m benchmarks.stall [--calls N]``.
 
 * nonblocking, engine stopped (SIGSTOP) before the call: ``predict`` with a
   10 ms timeout; lateness = wall time - timeout.
-* nonblocking, engine stopped at a random moment during the call.
+* nonblocking, engine stopped at a random moment during the call (by another
+  process; calls that ended before the stop are not counted).
 * blocking, engine stopped: ``predict`` without a timeout raises
   ``VowpalWabbitTimeoutError`` after ``io_timeout_s``; lateness = wall time -
   ``io_timeout_s``.
@@ -21,7 +22,8 @@ import os
 import random
 import signal
 import statistics
-import threading
+import subprocess
+import sys
 import time
 from typing import Any, Dict, List
 
@@ -59,20 +61,40 @@ def nonblocking_stopped(data: List[Any], calls: int, timeout: float) -> Dict[str
     return summarise(late)
 
 
+# A separate process sends the SIGSTOP, so that no thread of ours competes
+# with the call for the GIL (a threading.Timer does, and adds its own delay).
+_STOPPER = """
+import os, signal, sys, time
+for line in sys.stdin:
+    delay, pid = line.split()
+    time.sleep(float(delay))
+    os.kill(int(pid), signal.SIGSTOP)
+    sys.stdout.write(f"{time.perf_counter()}\\n")  # CLOCK_MONOTONIC: shared by processes
+    sys.stdout.flush()
+"""
+
+
 def nonblocking_stopped_mid_call(data: List[Any], calls: int, timeout: float) -> Dict[str, float]:
     late = []
     rng = random.Random(5)
-    with VowpalWabbitNonBlockingProcess(BenchFormatter(), VW_ARGS) as process:
-        for call in range(calls):
-            common, items = data[call % len(data)]
-            stopper = threading.Timer(rng.uniform(0, timeout), os.kill,
-                                      (process.pid, signal.SIGSTOP))
-            began = time.perf_counter()
-            stopper.start()
-            list(process.predict(common, items, timeout=timeout))
-            late.append(time.perf_counter() - began - timeout)
-            stopper.join()
-            os.kill(process.pid, signal.SIGCONT)
+    stopper = subprocess.Popen([sys.executable, "-c", _STOPPER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert stopper.stdin is not None and stopper.stdout is not None
+    try:
+        with VowpalWabbitNonBlockingProcess(BenchFormatter(), VW_ARGS) as process:
+            for call in range(calls):
+                common, items = data[call % len(data)]
+                began = time.perf_counter()
+                stopper.stdin.write(f"{rng.uniform(0, timeout * 0.6)} {process.pid}\n")
+                list(process.predict(common, items, timeout=timeout))
+                ended = time.perf_counter()
+                stopped_at = float(stopper.stdout.readline())
+                os.kill(process.pid, signal.SIGCONT)
+                if stopped_at < ended:  # the engine stalled during the call
+                    late.append(ended - began - timeout)
+    finally:
+        stopper.stdin.close()
+        stopper.wait()
     return summarise(late)
 
 
