@@ -15,6 +15,11 @@ Label = Union[float, int, str]
 
 def _format_number(value: Union[float, int, str]) -> str:
     """A label or weight as vw reads it (NumPy scalars print as plain numbers)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return repr(value)
     if isinstance(value, str):
         return value
     if isinstance(value, numbers.Integral):

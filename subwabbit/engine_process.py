@@ -383,14 +383,12 @@ class EngineProcess:
             return []
         if count == self._rbuf_lines:
             end = self._rbuf.rfind(b"\n") + 1
+            lines = bytes(self._rbuf[:end]).split(b"\n")
+            del self._rbuf[:end]
+            lines.pop()
         else:
-            end = -1
-            for _ in range(count):
-                end = self._rbuf.index(b"\n", end + 1)
-            end += 1
-        lines = bytes(self._rbuf[:end]).split(b"\n")
-        del self._rbuf[:end]
-        lines.pop()
+            lines = bytes(self._rbuf).split(b"\n", count)
+            self._rbuf = bytearray(lines.pop())
         self._rbuf_lines -= count
         return lines
 

@@ -94,14 +94,14 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
     if not lines:
         return b""
     try:
-        text = "\n".join(lines)
+        # Joined without separators, a line break can only come from inside a line.
+        flat = "".join(lines)
     except TypeError:
-        text = ""
-    if not text or text.count("\n") != len(lines) - 1 or "\r" in text or "save" in text \
-            or "" in lines:
+        flat = ""
+    if not flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat:
         for offset, line in enumerate(lines):
             check_line(line, first_index + offset)
-    return (text + "\n").encode("utf-8")
+    return ("\n".join(lines) + "\n").encode("utf-8")
 
 
 def parse_scalar(line: bytes) -> float:

@@ -515,6 +515,11 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
 
 
 def _check_number(value: Any, what: str) -> None:
+    kind = type(value)
+    if kind is int:
+        return
+    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number, got {value!r}")
     if not math.isfinite(value):
