@@ -1,7 +1,8 @@
 """subwabbit: serve Vowpal Wabbit models from Python through a vw engine on pipes.
 
-:class:`VowpalWabbitProcess` gives the best throughput;
-:class:`VowpalWabbitNonBlockingProcess` (Linux) returns by a hard deadline.
+:class:`~subwabbit.blocking.VowpalWabbitProcess` gives the best throughput;
+:class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess` (Linux) returns by a
+hard deadline.
 """
 
 from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter

@@ -106,7 +106,7 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
 
     @property
     def write_timeout_ms(self) -> float:
-        """Deprecated alias of :attr:`write_cutoff_s` (seconds)."""
+        """Deprecated alias of ``write_cutoff_s`` (seconds)."""
         return self.write_cutoff_s
 
     def _after_start(self, engine: EngineProcess) -> None:
