@@ -1,0 +1,47 @@
+"""The benchmark commands run end to end (tiny sizes; the figures are not judged here)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_module(module, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, check=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout).stdout
+
+
+def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
+    pytest.importorskip("numpy")
+    output = run_module("benchmarks", "--quick", "--no-plots", "--out", str(tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "results.rst").exists()
+    # every contender was compared with the engine before timing, and agreed
+    assert results["correctness"] and all(check["equal"]
+                                          for check in results["correctness"].values())
+    for contender in ("pyvw", "blocking", "nonblocking", "engine alone"):
+        assert results["summary"]["lines"][contender]["mean"] > 0, output
+    assert "Targets" in (tmp_path / "results.rst").read_text()
+
+
+def test_soak_finds_no_wrong_prediction(tmp_path):
+    out = tmp_path / "soak.json"
+    run_module("benchmarks.soak", "--predictions", "20000", "--requests", "8", "--out", str(out))
+    results = json.loads(out.read_text())
+    for summary in results["classes"].values():
+        assert summary["predictions"] >= 20000
+        assert summary["mismatches"] == 0
+        assert summary["partial_calls"] > 0  # timeouts were hit
+
+
+def test_stall_benchmark_runs(tmp_path):
+    out = tmp_path / "stall.json"
+    run_module("benchmarks.stall", "--calls", "20", "--trials", "2", "--out", str(out))
+    results = json.loads(out.read_text())
+    assert results["nonblocking_stopped_lateness_ms"]["n"] == 20
+    assert results["blocking_kill_to_error_ms"]["n"] == 2
