@@ -45,3 +45,10 @@ def test_stall_benchmark_runs(tmp_path):
     results = json.loads(out.read_text())
     assert results["nonblocking_stopped_lateness_ms"]["n"] == 20
     assert results["blocking_kill_to_error_ms"]["n"] == 2
+
+
+def test_nonblocking_settings_compares_settings():
+    output = run_module("benchmarks.nonblocking_settings", "--requests", "3",
+                        "max_pending_lines=10,write_cutoff_s=0.002", "blocking")
+    assert "max_pending_lines=10,write_cutoff_s=0.002: predictions mean" in output
+    assert "blocking: predictions mean" in output

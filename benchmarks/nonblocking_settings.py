@@ -1,0 +1,87 @@
+"""Compare settings of the nonblocking class side by side on the benchmark workload.
+
+Run: ``python -m benchmarks.nonblocking_settings [--requests N] [SETTING ...]``
+where each SETTING is ``max_pending_lines=40,write_cutoff_s=0.0005`` (any
+keyword arguments of :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess`
+that take numbers), or ``blocking`` for the blocking class with its defaults.
+
+Every request is served by each setting in turn, so that a change in the
+machine's speed hits all of them alike. Prints the mean predictions per call
+and wall-time quantiles under the timeout.
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+from typing import Any, Dict, List
+
+from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
+
+from .workload import RecommenderFormatter, Workload, prediction_args, training_args
+
+DEFAULT_SETTINGS = ["max_pending_lines=20,write_cutoff_s=0.001", "", "blocking"]
+
+
+def parse_setting(text: str) -> Dict[str, Any]:
+    """``a=1,b=0.5`` as keyword arguments."""
+    options: Dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        options[name.strip()] = int(value) if value.strip().isdigit() else float(value)
+    return options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("settings", nargs="*", default=DEFAULT_SETTINGS,
+                        help="settings to compare ('' is the class defaults)")
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--items", type=int, default=3000)
+    parser.add_argument("--timeout", type=float, default=0.010)
+    options = parser.parse_args()
+    workload = Workload(options.requests, options.items)
+    formatter = RecommenderFormatter()
+    with tempfile.TemporaryDirectory() as directory:
+        model = os.path.join(directory, "model.vw")
+        with VowpalWabbitProcess(formatter, training_args(model), write_only=True) as trainer:
+            for request, items, labels in workload.training_batches(30000):
+                trainer.train(request, items, labels, [None] * len(labels))
+        processes: List[Any] = []
+        for setting in options.settings:
+            if setting == "blocking":
+                processes.append(VowpalWabbitProcess(formatter, prediction_args(model)))
+            else:
+                processes.append(VowpalWabbitNonBlockingProcess(formatter, prediction_args(model),
+                                                                **parse_setting(setting)))
+        counts: List[List[int]] = [[] for _ in processes]
+        walls: List[List[float]] = [[] for _ in processes]
+        gc.disable()
+        try:
+            for index in range(len(workload)):
+                request, items = workload.requests[index], workload.candidates[index]
+                for number, process in enumerate(processes):
+                    began = time.perf_counter()
+                    counts[number].append(len(list(process.predict(request, items,
+                                                                   timeout=options.timeout))))
+                    walls[number].append(time.perf_counter() - began)
+        finally:
+            gc.enable()
+            for process in processes:
+                process.close()
+    print(f"{options.requests} requests x {options.items} items, timeout {options.timeout * 1000:g} ms")
+    for setting, count, wall in zip(options.settings, counts, walls):
+        wall.sort()
+
+        def quantile(q: float, ordered: List[float] = wall) -> float:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+        print(f"{setting or 'nonblocking defaults':>45}: predictions mean {statistics.mean(count):7.1f}"
+              f"  wall ms p50 {quantile(0.5):.2f} p99 {quantile(0.99):.2f}"
+              f" p99.9 {quantile(0.999):.2f} max {wall[-1] * 1000:.2f}")
+
+
+if __name__ == "__main__":
+    main()
