@@ -349,6 +349,14 @@ def make_plots(results: Dict[str, Any], out_dir: str) -> List[str]:
     return [lines_path, wall_path]
 
 
+def write_json(results: Dict[str, Any], path: str) -> None:
+    """Write ``results`` as indented JSON to ``path`` (folders created), and say so."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+    print(f"wrote {path}")
+
+
 def write_outputs(results: Dict[str, Any], out_dir: str, plots: bool = True) -> str:
     """Write results.json, results.rst and the plots; return the reST text."""
     os.makedirs(out_dir, exist_ok=True)

@@ -15,7 +15,6 @@ Prints a summary per class and writes it as JSON (``--out``).
 """
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -28,6 +27,7 @@ from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 from subwabbit.command import resolve_engine_command
 
 from .batch_size import BenchFormatter, workload
+from .report import write_json
 
 VW_ARGS = ["-q", "ui", "--loss_function", "logistic", "-b", "20"]
 TIMEOUTS = (None, 0.010, 0.010, 0.001)
@@ -131,10 +131,7 @@ def main() -> None:
                   f"{summary['mismatches']} wrong, {summary['seconds']} s; RSS MiB "
                   f"start {summary['rss_mib_start']} end {summary['rss_mib_end']} "
                   f"max {summary['rss_mib_max']}")
-    os.makedirs(os.path.dirname(options.out) or ".", exist_ok=True)
-    with open(options.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"wrote {options.out}")
+    write_json(results, options.out)
 
 
 if __name__ == "__main__":

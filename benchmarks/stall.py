@@ -16,7 +16,6 @@ Prints quantiles in milliseconds and writes them as JSON (``--out``).
 """
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -31,6 +30,7 @@ from subwabbit import (VowpalWabbitEngineExitedError, VowpalWabbitNonBlockingPro
                        VowpalWabbitProcess, VowpalWabbitTimeoutError)
 
 from .batch_size import BenchFormatter, workload
+from .report import write_json
 
 VW_ARGS = ["--quiet", "-q", "ui", "--loss_function", "logistic", "-b", "20"]
 
@@ -167,10 +167,7 @@ def main() -> None:
     for name, summary in results.items():
         if isinstance(summary, dict):
             print(f"{name:>42}: " + " ".join(f"{key} {value}" for key, value in summary.items()))
-    os.makedirs(os.path.dirname(options.out) or ".", exist_ok=True)
-    with open(options.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"wrote {options.out}")
+    write_json(results, options.out)
 
 
 if __name__ == "__main__":
