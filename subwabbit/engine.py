@@ -15,6 +15,7 @@ This file imports nothing from subwabbit so that it can run as a plain script.
 
 import os
 import signal
+import stat
 import sys
 from typing import List, Optional
 
@@ -66,13 +67,19 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _input_exhausted() -> bool:
-    """Whether stdin is at end of file (the writer closed it and all was read)."""
+    """Whether a stdin pipe is at end of file (the writer closed it and all was read).
+
+    Only a pipe can tell: the engine reads ``/dev/stdin`` through a descriptor
+    of its own, which for a regular file has its own offset.
+    """
     try:
+        if not stat.S_ISFIFO(os.fstat(0).st_mode):
+            return True
         os.set_blocking(0, False)
         return os.read(0, 1) == b""
     except BlockingIOError:  # the writer is still there: the parser gave up early
         return False
-    except OSError:  # not a pipe we can query; trust the driver
+    except OSError:  # nothing we can query; trust the driver
         return True
 
 

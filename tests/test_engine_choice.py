@@ -70,6 +70,36 @@ def test_engine_module_behaves_like_vw(tmp_path):
     assert b"unrecognised option" in bad.stderr and b"Traceback" not in bad.stderr
 
 
+def test_engine_module_reads_stdin_redirected_from_a_file(tmp_path):
+    data = tmp_path / "in.txt"
+    data.write_text("1 |a x\n|a x\n-1 |a y\n")
+    with open(data, "rb") as stdin:
+        done = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
+                              stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 3
+
+
+def test_engine_module_exits_1_when_an_example_stops_it():
+    # A malformed multiclass label ends the wheel's driver early; vw exits 1 then.
+    engine = subprocess.Popen([sys.executable, "-m", "subwabbit.engine", "--oaa", "3", "-p",
+                               "stdout", "--log_level", "error"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    engine.stdin.write(b"1 |f a\nabc |f b\n")
+    engine.stdin.flush()
+    try:
+        engine.wait(timeout=30)  # stdin stays open: the engine stops by itself
+    finally:
+        engine.kill()
+        engine.stdin.close()
+    out, err = engine.stdout.read(), engine.stderr.read()
+    engine.stdout.close()
+    engine.stderr.close()
+    assert engine.returncode == 1
+    assert b"label" in err and out.splitlines()[0] == b"1"
+
+
 def test_engine_that_prints_errors_on_stdout_is_reported(tmp_path):
     """A real vw prints fatal option errors as '[critical]' lines on stdout."""
     fake = tmp_path / "fake_vw.py"
