@@ -84,7 +84,8 @@ def test_engine_module_reads_stdin_redirected_from_a_file(tmp_path):
 def test_engine_module_exits_1_when_an_example_stops_it():
     # A malformed multiclass label ends the wheel's driver early; vw exits 1 then.
     engine = subprocess.Popen([sys.executable, "-m", "subwabbit.engine", "--oaa", "3", "-p",
-                               "stdout", "--log_level", "error"], stdin=subprocess.PIPE,
+                               "stdout", "--log_output", "stderr", "--driver_output_off",
+                               "--log_level", "error"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     engine.stdin.write(b"1 |f a\nabc |f b\n")
     engine.stdin.flush()
