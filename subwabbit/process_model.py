@@ -97,7 +97,6 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
                                audit=self.audit_mode)
         self._lines_per_example = AUDIT_LINES_PER_EXAMPLE if self.audit_mode else 1
         self._pending = 0
-        self._call_token: Optional[object] = None
         self._broken: Optional[BaseException] = None
         self._restart_count = 0
         # (thread id, token) of the call holding the process, guarded by _turn
@@ -193,8 +192,14 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
                     return False
                 self._turn.wait(left)
             self._holder = (me, token)
-            self._call_token = token
             return True
+
+    def _turn_limit(self, began: float, deadline: Optional[float]) -> Optional[float]:
+        """How long a call may wait for another thread's: until its deadline,
+        else ``io_timeout_s`` from ``began``."""
+        if deadline is not None or self.io_timeout_s is None:
+            return deadline
+        return began + self.io_timeout_s
 
     def _end_turn(self, token: object) -> None:
         with self._turn:
@@ -225,10 +230,7 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         """
         began = time.perf_counter()
         token = object()
-        wait_until = deadline
-        if wait_until is None and self.io_timeout_s is not None:
-            wait_until = began + self.io_timeout_s
-        if not self._wait_for_turn(token, wait_until):
+        if not self._wait_for_turn(token, self._turn_limit(began, deadline)):
             if metrics is not None:
                 metrics["lock_wait_time"] = time.perf_counter() - began
                 metrics["restarts"] = 0
@@ -262,7 +264,8 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
             self._end_turn(begun[0])
 
     def _check_token(self, token: object) -> None:
-        if self._call_token is not token:
+        holder = self._holder
+        if holder is None or holder[1] is not token:
             raise VowpalWabbitError(
                 "this predict() iterator was superseded by a later call on the same process; "
                 "its remaining predictions were discarded")
@@ -321,8 +324,7 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         validate_seconds(timeout, "timeout", allow_none=False)
         began = time.perf_counter()
         token = object()
-        wait_until = None if self.io_timeout_s is None else began + self.io_timeout_s
-        if not self._wait_for_turn(token, wait_until):
+        if not self._wait_for_turn(token, self._turn_limit(began, None)):
             raise self._busy_error(time.perf_counter() - began)
         try:
             if self._closed:
@@ -490,7 +492,6 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
             held = self._wait_for_turn(token, began + timeout * 0.75)
         try:
             self._closed = True
-            self._call_token = None
             if self._engine is not None:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
         finally:
