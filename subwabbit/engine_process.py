@@ -275,22 +275,15 @@ class EngineProcess:
         :param deadline: the caller's deadline: the exit status and the last
             stderr lines are awaited until then, one second at most
         """
-        wait_s = _EXIT_STATUS_WAIT_S
+        until = time.perf_counter() + _EXIT_STATUS_WAIT_S
         if deadline is not None:
-            wait_s = min(wait_s, max(0.0, deadline - time.perf_counter()))
-        try:
-            returncode: Optional[int] = self.proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        self._stderr_thread.join(timeout=max(0.0, wait_s if deadline is None
-                                             else min(wait_s, deadline - time.perf_counter())))
+            until = min(until, deadline)
+        returncode = self._wait_until(until)
+        self._stderr_thread.join(timeout=max(0.0, until - time.perf_counter()))
         self._failure_reported = True
         return VowpalWabbitEngineExitedError(
             message, argv=self.argv, returncode=returncode, stderr_tail=self.stderr_tail(),
             output=output.decode("utf-8", "replace"))
-
-    def set_nonblocking(self) -> None:
-        """Kept for compatibility: the stdin and stdout pipes are always non-blocking."""
 
     def set_pipe_size(self, size_bytes: int) -> int:
         """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted."""

@@ -14,13 +14,13 @@ from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProces
 
 _COMPACT_BYTES = 1 << 16
 
-#: Defaults of ``max_pending_lines`` and ``write_cutoff_s``. Measured with the
-#: benchmark workload (3,000 items of 260-byte lines per request, 18 quadratic
-#: interactions, timeout 10 ms, 2-core machine, 300 requests, interleaved):
-#: 20 lines and 1 ms (the 2.x defaults) returned 783-922 predictions per call;
-#: 40 lines and 0.5 ms returned 905 when the first returned 783, with p99.9
-#: wall time 10.18 ms; 40 lines and 0.3 ms returned a few more but let more
-#: work run into the deadline. The engine answers 40 such lines in about 0.2 ms.
+#: Defaults of ``max_pending_lines`` and ``write_cutoff_s``, measured with
+#: ``python -m benchmarks.nonblocking_settings`` (the benchmark workload: 3,000
+#: items of 260-byte lines per request, 18 quadratic interactions, timeout
+#: 10 ms, 300 requests, 2-core machine): the 2.x defaults, 20 lines and 1 ms,
+#: returned 703 predictions per call; 40 lines and 0.5 ms returned 849, with
+#: p99.9 wall time 10.25 ms. 0.3 ms returned a few more but let more work run
+#: into the deadline. The engine answers 40 such lines in about 0.2 ms.
 DEFAULT_MAX_PENDING_LINES = 40
 DEFAULT_WRITE_CUTOFF_S = 0.0005
 
