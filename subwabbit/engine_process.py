@@ -508,8 +508,8 @@ class EngineProcess:
             return self.proc.returncode
         self._closed = True
         deadline = time.perf_counter() + timeout_s
-        graceful_s = timeout_s - min(1.0, timeout_s / 2)
-        terminate_at = deadline - timeout_s + graceful_s
+        term_margin = min(1.0, timeout_s / 2)  # SIGTERM this long before the end
+        terminate_at = deadline - term_margin
         kill_at = deadline - min(0.2, timeout_s / 4)
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
@@ -526,7 +526,7 @@ class EngineProcess:
         if code is None:
             self._killed_by_us = True
             logger.warning("vw[%d] did not exit within %.1f s of closing its input; terminating",
-                           self.pid, graceful_s)
+                           self.pid, timeout_s - term_margin)
             self.proc.terminate()
             code = self._wait_until(kill_at)
         if code is None:
