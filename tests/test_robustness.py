@@ -450,3 +450,16 @@ def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_mo
     thread.join(10)
     assert isinstance(outcome.get("error"), VowpalWabbitError)
     assert engine_pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_hook_hears_of_a_train_call_that_failed(cls):
+    hooked = []
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"], metrics_hook=hooked.append) as model:
+        model.train("|f", ["a", "b"], labels=[1, -1], weights=[None, None])
+        assert hooked[-1]["method"] == "train" and hooked[-1]["num_lines"] == 2
+        os.kill(model.pid, signal.SIGKILL)
+        with pytest.raises(VowpalWabbitEngineExitedError):
+            model.train("|f", ["a"] * 20000, labels=[1] * 20000, weights=[None] * 20000)
+        assert hooked[-1]["method"] == "train" and hooked[-1]["num_lines"] == 0
+        assert hooked[-1]["total_time"] >= 0
