@@ -18,15 +18,14 @@ import argparse
 import logging
 import os
 import random
-import subprocess
 import tempfile
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
-from subwabbit.command import resolve_engine_command
 
 from .batch_size import BenchFormatter, workload
+from .limit import engine_command, file_predictions
 from .report import write_json
 
 VW_ARGS = ["-q", "ui", "--loss_function", "logistic", "-b", "20"]
@@ -57,13 +56,8 @@ def prepare(directory: str, requests: int, items: int) -> Tuple[List[Any], List[
         lines += [formatter.get_formatted_example(common_part,
                                                   formatter.format_item_features(common, item))
                   for item in request_items]
-    path = os.path.join(directory, "score.txt")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("".join(line + "\n" for line in lines))
-    output = subprocess.run(resolve_engine_command(None) + ["-i", model, "-t", "-d", path,
-                                                            "-p", "stdout", "--quiet"],
-                            check=True, stdout=subprocess.PIPE, timeout=600).stdout.split()
-    flat = [float(value) for value in output]
+    flat = file_predictions(engine_command(), ["-i", model, "-t", "--quiet"], lines, directory,
+                            "score")
     expected = [flat[index * items:(index + 1) * items] for index in range(requests)]
     return data, expected, model
 
