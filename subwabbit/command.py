@@ -4,7 +4,9 @@ import os
 import shlex
 import shutil
 import sys
-from typing import List, Optional, Sequence, Union
+from typing import List, Sequence, Union
+
+from .engine import option_name
 
 #: Environment variable that names the engine command (parsed with :func:`shlex.split`).
 ENGINE_ENV_VAR = "SUBWABBIT_VW"
@@ -32,15 +34,6 @@ _MULTILINE_OPTIONS = (
 VwArgs = Union[Sequence[Union[str, int, float]], str]
 
 
-def _option_name(arg: str) -> Optional[str]:
-    """The option an argument token names (``-p`` for ``-pfile``), or ``None``."""
-    if arg.startswith("--"):
-        return arg.split("=", 1)[0]
-    if arg.startswith("-") and len(arg) >= 2 and not arg[1].isdigit() and arg[1] != ".":
-        return arg[:2]
-    return None
-
-
 def normalize_vw_args(vw_args: VwArgs) -> List[str]:
     """Check user-supplied engine arguments and return them as a list of strings.
 
@@ -62,7 +55,7 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
     for index, token in enumerate(tokens):
         if "\0" in token:
             raise ValueError(f"vw_args[{index}] contains a NUL byte: {token!r}")
-        name = _option_name(token)
+        name = option_name(token)
         if name in _OWNED_OPTIONS:
             raise ValueError(f"vw_args must not contain {token!r}: {_OWNED_OPTIONS[name]}")
         if name in ("-r", "--raw_predictions"):

@@ -10,24 +10,315 @@ a file, and writes predictions as the engine produces them. Errors in the
 arguments are printed on stderr as one line and end the process with exit
 code 1, like the executable.
 
+Two drivers feed the engine:
+
+* **The one-thread loop**, for examples on stdin (the pipe protocol that
+  subwabbit speaks). It reads what stdin holds, hands the complete lines to
+  the engine's parser in one call, has the engine learn from or predict each
+  example, and writes their predictions together (at least every 64
+  lines). It prints exactly what vw prints: the same numbers and tags,
+  nothing for empty lines and save commands, and it saves the same models.
+  vw's own driver parses on one thread and learns on another, hands every
+  example across with a condition variable, and formats and writes each
+  prediction on its own; the loop does the same work on one core with fewer
+  system calls, which leaves the other cores to the client.
+* **vw's own driver** (a parser thread and a learner thread) for everything
+  the loop does not cover: a data file (``-d``), caches and passes, audit
+  mode, predictions that are not plain scalars (``--oaa``, ``--plt``, ...) or
+  that go elsewhere than stdout, reductions not known to print plain scalars,
+  and logs on stdout. ``SUBWABBIT_ENGINE_DRIVER=vw`` chooses it always.
+
+One difference remains: a save command in a shape other than
+``[label] [']save...|`` with nothing after the ``|`` (say ``save_x|a:0``,
+whose only feature vw drops) is counted in the engine's example statistics
+by the loop and not by vw's driver. subwabbit never sends such lines.
+
 This file imports nothing from subwabbit so that it can run as a plain script.
 """
 
+import math
 import os
+import re
 import signal
 import stat
 import sys
-from typing import List, Optional
+from typing import Any, Iterable, List, Optional, Tuple
+
+#: Environment variable that chooses the driver: ``vw`` for vw's own driver
+#: always; anything else (or unset) for the one-thread loop where it applies.
+DRIVER_ENV_VAR = "SUBWABBIT_ENGINE_DRIVER"
 
 _DATA_OPTIONS = ("-d", "--data")
+_PREDICTION_OPTIONS = ("-p", "--predictions")
+_FINAL_MODEL_OPTIONS = ("-f", "--final_regressor")
+
+#: Options whose input handling only vw's own driver has (files, caches,
+#: passes, example limits, other input formats, servers) or that write to
+#: stdout besides the predictions (audit).
+_VW_DRIVER_OPTIONS = frozenset({
+    "-d", "--data", "-c", "--cache", "-k", "--cache_file", "--kill_cache", "--compressed",
+    "--passes", "--examples", "--early_terminate", "--holdout_off", "--holdout_period",
+    "--holdout_after", "--save_per_pass", "--json", "--dsjson", "--flatbuffer", "--csv",
+    "--daemon", "--port", "--foreground", "--num_children", "--pid_file", "--port_file",
+    "--span_server", "--unique_id", "--total", "--node", "-a", "--audit", "--onethread",
+    "--no_stdin",
+})
+
+#: Learners (as listed by ``get_enabled_learners``) whose predictions vw
+#: prints as a plain scalar and an optional tag. Each is checked against vw's
+#: own driver in ``tests/test_engine_loop.py``.
+_SCALAR_LEARNERS = frozenset({
+    "gd", "scorer-identity", "scorer-logistic", "scorer-glf1", "scorer-poisson", "count_label",
+    "binary", "nn", "lrq", "lrqfa", "interact", "autolink", "classweight-scalar",
+    "ftrl-Proximal-FTRL", "ftrl-Coin Betting", "ftrl-PiSTOL", "freegrad",
+})
+
+_READ_BYTES = 1 << 16
+#: The most predictions the loop holds back: it writes them at least this
+#: often, so that a client waiting for the first lines of a long read gets
+#: them before the engine has worked through the rest.
+_ANSWER_LINES = 64
+_BOM = b"\xef\xbb\xbf"
+#: A featureless example tagged ``save...`` (the tag touches the ``|``; a
+#: label may come first): vw's command to save the model, ``save_PATH|``
+#: saves to PATH.
+_SAVE_COMMAND = re.compile(rb"(?:[^|]*[ \t])?'?(save[^ \t|]*)\|")
+_SAVE_WORD = re.compile(rb"save")
+
+
+def option_name(arg: str) -> Optional[str]:
+    """The option an argument token names (``-p`` for ``-pfile``), or ``None``."""
+    if arg.startswith("--"):
+        return arg.split("=", 1)[0]
+    if arg.startswith("-") and len(arg) >= 2 and not arg[1].isdigit() and arg[1] != ".":
+        return arg[:2]
+    return None
+
+
+def _option_values(args: List[str], names: Iterable[str]) -> List[Tuple[int, int, str]]:
+    """Where the options ``names`` are and their values: ``(first token,
+    token after the value, value)`` for each occurrence."""
+    found = []
+    names = tuple(names)
+    for index, arg in enumerate(args):
+        name = option_name(arg)
+        if name not in names:
+            continue
+        if "=" in arg and arg.startswith("--"):
+            found.append((index, index + 1, arg.split("=", 1)[1]))
+        elif len(arg) > 2 and not arg.startswith("--"):
+            found.append((index, index + 1, arg[2:]))
+        elif index + 1 < len(args):
+            found.append((index, index + 2, args[index + 1]))
+        else:
+            found.append((index, index + 1, ""))
+    return found
+
+
+def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bool, bytes]]:
+    """Whether the one-thread loop can serve these arguments.
+
+    :returns: ``None`` when vw's own driver must run, else the arguments for
+        the workspace (``-p stdout`` taken out), whether the loop prints the
+        predictions itself, and the ``-f`` model path (for ``save|``)
+    """
+    if os.environ.get(DRIVER_ENV_VAR, "").strip().lower() == "vw":
+        return None
+    names = {option_name(arg) for arg in args}
+    if names & _VW_DRIVER_OPTIONS:
+        return None
+    predictions = _option_values(args, _PREDICTION_OPTIONS)
+    if len(predictions) > 1 or any(value != "stdout" for _, _, value in predictions):
+        return None
+    prints = bool(predictions)
+    if prints and "--quiet" not in args and not (
+            "--driver_output_off" in args
+            and [value for _, _, value in _option_values(args, ["--log_output"])] == ["stderr"]):
+        return None  # logs or progress on stdout would interleave with the predictions
+    rest = list(args)
+    for start, end, _ in predictions:
+        del rest[start:end]
+    final = _option_values(rest, _FINAL_MODEL_OPTIONS)
+    return rest, prints, os.fsencode(final[-1][2]) if final else b""
+
+
+def _serves(workspace: Any, pylibvw: Any) -> bool:
+    """Whether the one-thread loop covers this workspace: single-line examples,
+    plain scalar predictions, and only learners known to print them as such
+    (and to need no end-of-input processing that only vw's driver does)."""
+    return (not workspace._is_multiline()  # pylint: disable=protected-access
+            and workspace._get_prediction_type() == pylibvw.vw.pSCALAR  # pylint: disable=protected-access
+            and set(workspace.get_enabled_learners()) <= _SCALAR_LEARNERS)
+
+
+def scalar_text(value: float) -> str:
+    """A scalar prediction as vw prints it: whole numbers (and infinities)
+    without decimals, others with six (C++ ``std::fixed``), and ``-nan`` for
+    a NaN whose sign bit is set, as C prints it."""
+    if value.is_integer():
+        return "%.0f" % value
+    if value == value:  # pylint: disable=comparison-with-itself
+        return "%.6f" % value
+    return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+
+
+def _raw_tag(text: bytes, index: int) -> str:
+    """The tag of the ``index``-th example line of ``text``, from its bytes,
+    for tags that are not UTF-8 (which the bindings cannot return): the last
+    token before the line's first ``|``, without a leading quote."""
+    line = [line for line in text.split(b"\n") if line][index]
+    header = line.split(b"|", 1)[0].replace(b"\t", b" ").split(b" ")
+    tag = next((token for token in reversed(header) if token), b"")
+    return (tag[1:] if tag.startswith(b"'") else tag).decode("utf-8", "surrogateescape")
+
+
+def _vw_lines(text: bytes) -> bytes:
+    """``text`` as vw's line reader sees it: a UTF-8 byte order mark at the
+    start of a line and a carriage return at its end dropped. (Lines that are
+    then empty get no answer; the parser leaves them out.)"""
+    if b"\r" not in text and b"\xef" not in text:
+        return text
+    lines = text.split(b"\n")
+    for index, line in enumerate(lines):
+        if line.startswith(_BOM):
+            line = line[3:]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        lines[index] = line
+    return b"\n".join(lines)
+
+
+class OneThreadLoop:
+    """The one-thread driver: stdin to the engine to stdout, a read at a time.
+
+    :param workspace: a ``pylibvw.vw`` created without ``-p``
+    :param pylibvw: the bindings module
+    :param prints: whether to print predictions on stdout
+    :param final_model: the ``-f`` path, where ``save|`` saves
+    """
+
+    def __init__(self, workspace: Any, pylibvw: Any, prints: bool, final_model: bytes) -> None:
+        self.workspace = workspace
+        self.prints = prints
+        self.final_model = final_model
+        self._parse = workspace._parse  # pylint: disable=protected-access
+        self._learn = pylibvw.vw.learn
+        self._finish = pylibvw.vw._finish_example  # pylint: disable=protected-access
+        self._prediction = pylibvw.example.get_simplelabel_prediction
+        self._tag = pylibvw.example.get_tag
+        self._namespaces = pylibvw.example.num_namespaces
+
+    def run(self) -> None:
+        """Serve stdin until it ends."""
+        read, pending = os.read, b""
+        while True:
+            chunk = read(0, _READ_BYTES)
+            if not chunk:
+                break
+            end = chunk.rfind(b"\n") + 1
+            if not end:
+                pending += chunk
+                continue
+            self.serve(pending + chunk[:end] if pending else chunk[:end])
+            pending = chunk[end:]
+        if pending:  # a last line without its newline is an example too
+            self.serve(pending + b"\n")
+        # vw's end of input: its own driver, given no input (the bindings
+        # add --no_stdin), runs the end of pass and the end of examples that
+        # every reduction expects after the last example of a file.
+        self.workspace.run_parser()
+
+    def serve(self, text: bytes) -> None:
+        """Learn from or predict every line of ``text`` (newline-terminated)
+        and write their predictions."""
+        text = _vw_lines(text)
+        output: List[str] = []
+        try:
+            if _SAVE_WORD.search(text) is None:
+                self._serve_lines(text, output)
+            else:
+                self._serve_with_saves(text, output)
+        finally:  # what was done before an error is printed, as vw would have
+            self._flush(output)
+
+    def _serve_with_saves(self, text: bytes, output: List[str]) -> None:
+        """Serve ``text``, carrying out the save commands in it between the
+        lines around them, without parsing them: vw's own driver counts them
+        in no statistics either."""
+        segment: List[bytes] = []
+        for line in text.split(b"\n"):
+            command = _SAVE_COMMAND.fullmatch(line)
+            if command is None:
+                segment.append(line)
+                continue
+            self._serve_lines(b"\n".join(segment), output)
+            segment = []
+            self._save(command.group(1))
+        self._serve_lines(b"\n".join(segment), output)
+
+    def _serve_lines(self, text: bytes, output: List[str]) -> None:
+        if not text.strip(b"\n"):
+            return  # no example (the parser would hand back an empty one)
+        workspace, learn, finish, prediction, tag_of, prints, append = (
+            self.workspace, self._learn, self._finish, self._prediction, self._tag, self.prints,
+            output.append)
+        for index, example in enumerate(self._parse(text)):
+            try:
+                tag = tag_of(example)
+            except UnicodeDecodeError:
+                tag = _raw_tag(text, index)
+            if tag and tag.startswith("save") and self._namespaces(example) <= 1:
+                # A save command in another shape (features that vw drops, say):
+                # here it is counted in the engine's statistics, which vw's
+                # own driver does not do.
+                self._save(tag.encode("utf-8", "surrogateescape"))
+                finish(workspace, example)
+                continue
+            learn(workspace, example)
+            value = prediction(example)
+            finish(workspace, example)
+            if prints:
+                # scalar_text(), inlined for the common case: a tenth of the loop's time
+                number = "%.0f" % value if value.is_integer() else "%.6f" % value
+                if number == "nan":
+                    number = scalar_text(value)
+                append(f"{number} {tag}" if tag else number)
+                if len(output) == _ANSWER_LINES:
+                    self._flush(output)
+
+    def _save(self, tag: bytes) -> None:
+        """vw's save command: the tag ``save_PATH`` saves to PATH, other
+        ``save...`` tags to the ``-f`` model (if any)."""
+        path = tag[5:] if len(tag) >= 6 and tag[4:5] == b"_" else self.final_model
+        if path:
+            self.workspace.save(path)
+
+    @staticmethod
+    def _flush(output: List[str]) -> None:
+        """Write the predictions in ``output`` and empty it."""
+        if not output:
+            return
+        view = memoryview(("\n".join(output) + "\n").encode("utf-8", "surrogateescape"))
+        output.clear()
+        while view:
+            view = view[os.write(1, view):]
 
 
 def _reads_data_file(args: List[str]) -> bool:
-    for arg in args:
-        if arg in _DATA_OPTIONS or arg.startswith("--data=") or (
-                arg.startswith("-d") and not arg.startswith("--")):
-            return True
-    return False
+    return any(option_name(arg) in _DATA_OPTIONS for arg in args)
+
+
+def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
+    """The one-thread loop for ``args``, or ``None`` when vw's own driver must run."""
+    chosen = _loop_arguments(args)
+    if chosen is None:
+        return None
+    loop_args, prints, final_model = chosen
+    workspace = pylibvw.vw(loop_args)
+    if not _serves(workspace, pylibvw):
+        del workspace  # frees the model; vw's driver loads it again
+        return None
+    return OneThreadLoop(workspace, pylibvw, prints, final_model)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -44,25 +335,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError as exc:
         sys.stderr.write(f"subwabbit.engine: cannot import pylibvw from the vowpalwabbit package: {exc}\n")
         return 1
-    from_stdin = not _reads_data_file(args)
-    if from_stdin:
-        args += ["--data", "/dev/stdin"]
     try:
-        workspace = pylibvw.vw(args)
-        workspace.run_parser()
-        if from_stdin and not _input_exhausted():
-            # The wheel's driver logs a fatal example error (a malformed
-            # multiclass label, say) and returns as if the input had ended;
-            # the vw executable exits with code 1 instead. So do we, without
-            # writing a -f model.
-            sys.stderr.write("vw: stopped before the end of its input after an error\n")
-            sys.stderr.flush()
-            return 1
-        workspace.finish()
+        loop = _start_loop(pylibvw, args)
+        if loop is not None:
+            loop.run()
+            loop.workspace.finish()
+            return 0
+        return _run_vw_driver(pylibvw, args)
     except RuntimeError as exc:
         sys.stderr.write(f"vw: {exc}\n")
         sys.stderr.flush()
         return 1
+
+
+def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
+    """vw's own driver: a parser thread and a learner thread."""
+    from_stdin = not _reads_data_file(args)
+    if from_stdin:
+        args = args + ["--data", "/dev/stdin"]
+    workspace = pylibvw.vw(args)
+    workspace.run_parser()
+    if from_stdin and not _input_exhausted():
+        # The wheel's driver logs a fatal example error (a malformed
+        # multiclass label, say) and returns as if the input had ended;
+        # the vw executable exits with code 1 instead. So do we, without
+        # writing a -f model.
+        sys.stderr.write("vw: stopped before the end of its input after an error\n")
+        sys.stderr.flush()
+        return 1
+    workspace.finish()
     return 0
 
 

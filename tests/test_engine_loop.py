@@ -1,0 +1,269 @@
+"""The wheel engine's one-thread loop against vw's own driver.
+
+For every learner the loop serves, the loop reading a file on stdin must print
+the same bytes and save the same model files as vw's own driver reading the
+same file with ``-d``; everything else must go to vw's own driver.
+"""
+
+import ctypes
+import os
+import random
+import subprocess
+import sys
+from typing import Dict, Sequence, Tuple
+
+import pytest
+
+from subwabbit import engine
+from subwabbit.command import default_engine_command
+
+#: Lines that exercise vw's line reader and save commands; SAVEDIR is replaced
+#: by a directory of the run.
+NASTY_LINES = [
+    b"", b"   ", b"\t", b"\r", b"1 |a x\r", b"\xef\xbb\xbf|a bom", b"\xef\xbb\xbf1 't|a bom",
+    b"|a nul\x00x |b y", b"1 '\xff\xfe|a badtag", b"1 \xff|a badtag2", b"|a bad\xffutf",
+    b"# comment line", b"x y z", b"1 'a b|a x", b"|a v:nan", b"|a v:abc", b"|a v:1e40",
+    b"save_SAVEDIR/m1.vw|", b"1 save_SAVEDIR/not-a-save.vw|a x", b"save|",
+    b"'save_SAVEDIR/m2.vw|", b"1 'save|", b"|a " + b"w " * 50000, b"1\ttab|a x", b"1 2 3|a y",
+    b"-1 1 'x|a z", b"1 'saved_item|a x", b"|a sav save saved",
+]
+
+
+def corpus() -> bytes:
+    """Labelled and unlabelled lines with weights and tags, the nasty lines in
+    the middle, and a last line without its newline."""
+    rng = random.Random(5)
+    lines = []
+    for _ in range(2000):
+        label = rng.choice(["1", "-1", "0", "1 2.5", "-1 0.5", "", "", "0.3"])
+        tag = rng.choice(["", "", "", "'t1", "tg", "'q"])
+        if tag and not label:
+            label = "1"
+        features = (f"|a f{rng.randrange(50)} g{rng.randrange(9)}:{rng.random():.3f} "
+                    f"|b h{rng.randrange(30)} x")
+        separator = "" if tag == "tg" else " "
+        lines.append((f"{label} {tag}{separator}{features}" if label else features).encode())
+    return (b"\n".join(lines[:1000] + NASTY_LINES + lines[1000:]) + b"\n|a last-no-newline")
+
+
+#: Argument sets that the loop serves; between them they enable every learner
+#: of ``engine._SCALAR_LEARNERS``.
+LOOP_CONFIGS = [
+    "--quiet -f DIR/final.vw",
+    "--quiet --loss_function logistic --link logistic -q ab --l2 1e-6 -f DIR/final.vw",
+    "--log_output stderr --driver_output_off --log_level error --cubic aab --l1 1e-4 -b 18 "
+    "-f DIR/final.vw",
+    "--quiet --binary -f DIR/final.vw",
+    "--quiet --nn 3 -f DIR/final.vw",
+    "--quiet --lrq ab2 -f DIR/final.vw",
+    "--quiet --lrqfa ab2",
+    "--quiet --interact ab",
+    "--quiet --autolink 2",
+    "--quiet --classweight 1:2",
+    "--quiet --ftrl -f DIR/final.vw",
+    "--quiet --coin",
+    "--quiet --pistol",
+    "--quiet --freegrad",
+    "--quiet --link poisson --loss_function poisson",
+    "--quiet --link glf1",
+]
+
+
+def run_engine(args: Sequence[str], data: bytes, workdir: str, *, from_file: bool,
+               env: Dict[str, str] = None) -> Tuple[int, bytes, Dict[str, bytes]]:
+    """Run the wheel engine on ``data`` with ``-p stdout``, reading it from a
+    file with ``-d`` (vw's own driver) or on stdin.
+
+    :returns: exit code, stdout with ``workdir`` replaced by ``DIR``, and the
+        model files the run wrote
+    """
+    os.makedirs(workdir)
+    path = os.path.join(workdir, "in.txt")
+    with open(path, "wb") as handle:
+        handle.write(data.replace(b"SAVEDIR", workdir.encode()))
+    argv = default_engine_command() + [arg.replace("DIR", workdir) for arg in args]
+    argv += ["-p", "stdout"] + (["-d", path] if from_file else [])
+    with open(path, "rb") as stdin:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL if from_file else stdin,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              env={**os.environ, **(env or {})}, check=False)
+    models = {}
+    for name in sorted(os.listdir(workdir)):
+        if name.endswith(".vw"):
+            with open(os.path.join(workdir, name), "rb") as handle:
+                models[name] = handle.read()
+    return done.returncode, done.stdout.replace(workdir.encode(), b"DIR"), models
+
+
+def engine_threads(args: Sequence[str], env: Dict[str, str] = None) -> int:
+    """How many threads the engine runs once it has answered an example."""
+    process = subprocess.Popen(default_engine_command() + ["-p", "stdout"] + list(args),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env={**os.environ, **(env or {})})
+    try:
+        process.stdin.write(b"|a x\n")
+        process.stdin.flush()
+        assert process.stdout.readline()
+        return len(os.listdir(f"/proc/{process.pid}/task"))
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+        process.stdout.close()
+
+
+@pytest.mark.parametrize("args", LOOP_CONFIGS)
+def test_loop_prints_and_saves_what_vw_prints_and_saves(args, tmp_path):
+    data = corpus()
+    vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
+    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False)
+    assert vw[0] == 0 and loop[0] == 0
+    assert loop[1] == vw[1]
+    assert loop[2] == vw[2]
+    assert {"m1.vw", "m2.vw"} <= set(vw[2])  # the save commands saved
+    # No answer to two empty lines (one of them a lone CR) and four save commands
+    assert vw[1].count(b"\n") == 2000 + 1 + len(NASTY_LINES) - 6
+
+
+def test_the_configurations_cover_every_learner_the_loop_serves():
+    import pylibvw  # pylint: disable=import-outside-toplevel,import-error
+    seen = set()
+    for args in LOOP_CONFIGS:
+        workspace = pylibvw.vw([arg for arg in args.split() if "DIR" not in arg and arg != "-f"])
+        seen.update(workspace.get_enabled_learners())
+        workspace.finish()
+    assert seen == engine._SCALAR_LEARNERS  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("args", [
+    ["--quiet", "--oaa", "3"],
+    ["--quiet", "--plt", "10", "--loss_function", "logistic"],
+    ["--quiet", "--stage_poly"],
+    ["--quiet", "--audit"],
+    ["--log_output", "stderr"],  # progress and logs would share stdout with predictions
+])
+def test_vw_driver_serves_what_the_loop_does_not(args, tmp_path):
+    assert engine_threads(args) == 2  # a parser thread and a learner thread
+    data = b"1 |a x\n2 |a y\n|a x\n3 |b z\n"
+    vw = run_engine(args, data, str(tmp_path / "vw"), from_file=True)
+    piped = run_engine(args, data, str(tmp_path / "stdin"), from_file=False)
+    assert piped[:2] == vw[:2]
+
+
+def test_loop_serves_scalar_predictions_on_one_thread():
+    assert engine_threads(["--quiet", "-q", "ab"]) == 1
+    assert engine_threads(["--log_output", "stderr", "--driver_output_off", "--log_level",
+                           "error"]) == 1
+
+
+def test_environment_variable_chooses_vw_driver(tmp_path):
+    env = {engine.DRIVER_ENV_VAR: "vw"}
+    assert engine_threads(["--quiet"], env) == 2
+    data = corpus()
+    vw = run_engine(["--quiet"], data, str(tmp_path / "vw"), from_file=True)
+    piped = run_engine(["--quiet"], data, str(tmp_path / "stdin"), from_file=False, env=env)
+    assert piped == vw
+
+
+def test_failed_save_exits_1_after_the_predictions_before_it(tmp_path):
+    data = b"|a x\n|a y\nsave_/proc/no-such-dir/m.vw|\n|a z\n"
+    argv = default_engine_command() + ["-p", "stdout", "--quiet"]
+    done = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stdout == b"0\n0\n"
+    assert b"vw: " in done.stderr and b"/proc/no-such-dir/m.vw" in done.stderr
+    assert b"Traceback" not in done.stderr
+
+
+def test_write_only_training_saves_the_model_vw_saves(tmp_path):
+    data = b"".join(b"%d |a f%d |b g%d\n" % (i % 2 * 2 - 1, i % 13, i % 7) for i in range(3000))
+    data += b"save_SAVEDIR/middle.vw|\n" + data
+    args = ["--quiet", "-q", "ab", "-f", "DIR/final.vw"]
+    results = []
+    for name, from_file in (("vw", True), ("loop", False)):
+        workdir = str(tmp_path / name)
+        os.makedirs(workdir)
+        path = os.path.join(workdir, "in.txt")
+        with open(path, "wb") as handle:
+            handle.write(data.replace(b"SAVEDIR", workdir.encode()))
+        argv = default_engine_command() + [arg.replace("DIR", workdir) for arg in args]
+        with open(path, "rb") as stdin:
+            subprocess.run(argv + (["-d", path] if from_file else []), check=True, timeout=120,
+                           stdin=subprocess.DEVNULL if from_file else stdin)
+        results.append({name: open(os.path.join(workdir, name), "rb").read()
+                        for name in ("middle.vw", "final.vw")})
+    assert results[0] == results[1]
+
+
+# ------------------------------------------------------------ pure functions
+
+def c_fixed(value: float, decimals: int) -> str:
+    """What C's printf makes of ``value`` with ``%.<decimals>f``."""
+    buffer = ctypes.create_string_buffer(512)
+    ctypes.CDLL(None).snprintf(buffer, 512, b"%.*f", ctypes.c_int(decimals),
+                               ctypes.c_double(value))
+    return buffer.value.decode()
+
+
+def float32(value: float) -> float:
+    return ctypes.c_float(value).value
+
+
+def test_scalar_text_matches_c_printf_as_vw_uses_it():
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, -1.0, 3.0, 0.5, 1e-7, -1e-7, 5e-7, 0.9999996, 123456.789,
+              16777216.0, 1e20, -2.5e-4, float("inf"), float("-inf")]
+    values += [float32(rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8)) for _ in range(20000)]
+    values += [float32(rng.randint(-1000, 1000)) for _ in range(200)]
+    for value in values:
+        # vw: std::fixed, precision 0 when floorf(value) == value, else 6
+        decimals = 0 if value == value and (value in (float("inf"), float("-inf"))
+                                            or value == float(int(value))) else 6
+        assert engine.scalar_text(value) == c_fixed(value, decimals), value
+    nan = float("nan")
+    assert engine.scalar_text(nan) == c_fixed(nan, 6)
+    assert engine.scalar_text(-nan) == c_fixed(-nan, 6)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["-p", "stdout", "--quiet", "-i", "m.vw"], (["--quiet", "-i", "m.vw"], True, b"")),
+    (["--predictions=stdout", "--quiet"], (["--quiet"], True, b"")),
+    (["-pstdout", "--log_output", "stderr", "--driver_output_off"],
+     (["--log_output", "stderr", "--driver_output_off"], True, b"")),
+    (["--quiet", "-f", "out.vw"], (["--quiet", "-f", "out.vw"], False, b"out.vw")),
+    (["--final_regressor=a.vw", "-f", "b.vw"], (["--final_regressor=a.vw", "-f", "b.vw"], False,
+                                                b"b.vw")),
+    (["-p", "stdout"], None),  # logs on stdout
+    (["-p", "stdout", "--driver_output_off"], None),
+    (["-p", "stdout", "--log_output", "stdout", "--driver_output_off"], None),
+    (["-p", "preds.txt", "--quiet"], None),
+    (["-p", "stdout", "-p", "stdout", "--quiet"], None),
+    (["-d", "in.txt", "--quiet"], None),
+    (["--data=in.txt"], None),
+    (["--quiet", "--passes", "2", "-c"], None),
+    (["--quiet", "-a"], None),
+    (["--quiet", "--audit"], None),
+    (["--quiet", "--json"], None),
+])
+def test_which_arguments_the_loop_serves(args, expected, monkeypatch):
+    monkeypatch.delenv(engine.DRIVER_ENV_VAR, raising=False)
+    assert engine._loop_arguments(args) == expected  # pylint: disable=protected-access
+
+
+def test_vw_line_reader_rules():
+    assert engine._vw_lines(b"|a x\n|b y\n") == b"|a x\n|b y\n"  # pylint: disable=protected-access
+    assert engine._vw_lines(b"\xef\xbb\xbf|a x\r\n\r\n|b\r y\n") == b"|a x\n\n|b\r y\n"  # pylint: disable=protected-access
+
+
+def test_raw_tag_reads_tags_that_are_not_utf8():
+    text = b"|a x\n\n1 '\xff\xfe|a y\n1 \xff|a z\n"
+    assert engine._raw_tag(text, 1).encode("utf-8", "surrogateescape") == b"\xff\xfe"  # pylint: disable=protected-access
+    assert engine._raw_tag(text, 2).encode("utf-8", "surrogateescape") == b"\xff"  # pylint: disable=protected-access
+
+
+def test_command_module_shares_option_parsing():
+    from subwabbit import command  # pylint: disable=import-outside-toplevel
+    assert command.option_name is engine.option_name
+    assert [engine.option_name(arg) for arg in ("-pfile", "--data=x", "-1", "-.5", "x")] == [
+        "-p", "--data", None, None, None]
+
