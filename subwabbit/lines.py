@@ -2,8 +2,8 @@
 
 The client counts one prediction per line it sends, so every line must be
 one the engine answers exactly once: no embedded line breaks (two examples),
-not empty (no answer), and not a featureless example tagged ``save...`` (the
-engine's save command, which answers nothing).
+not empty (no answer), and no tag starting with ``save`` (the engine's save
+command, which answers nothing).
 """
 
 import re
@@ -34,33 +34,18 @@ def _vw_tokens(text: str) -> List[str]:
     return [token for token in _VW_WHITESPACE.split(text) if token]
 
 
-def _is_feature(token: str) -> bool:
-    """Whether vw keeps this feature token: it drops features whose value is 0.
-    A value that is not a number counts as no feature (the safe side here)."""
-    _, colon, value = token.rpartition(":")
-    if not colon:
-        return True
-    try:
-        return float(value) != 0.0
-    except ValueError:
-        return False
+def _has_save_tag(line: str) -> bool:
+    """Whether vw could take ``line`` as its save command.
 
-
-def _is_save_command(line: str) -> bool:
-    """Whether the engine would take ``line`` as its save command: a featureless
-    example tagged ``save...``. Errs on the side of saying yes."""
-    header, bar, rest = line.partition("|")
-    if not any(token.lstrip("'").startswith("save") for token in _vw_tokens(header)):
-        return False
-    if not bar:
-        return True
-    for segment in rest.split("|"):
-        tokens = _vw_tokens(segment)
-        if segment and segment[0] not in " \t":
-            tokens = tokens[1:]  # the namespace name
-        if any(_is_feature(token) for token in tokens):
-            return False
-    return True
+    vw saves its model instead of answering an example whose tag starts with
+    ``save`` when the example has at most one namespace left after parsing:
+    none but the constant feature's, or one with ``--noconstant``, or none
+    after ``--ignore`` or zero-valued features drop what it had. The client
+    cannot see all of that, so any token before the first ``|`` (where the
+    tag is) that starts with ``save`` counts.
+    """
+    header = line.split("|", 1)[0]
+    return any(token.lstrip("'").startswith("save") for token in _vw_tokens(header))
 
 
 def check_line(line: str, index: int = 0) -> None:
@@ -78,9 +63,9 @@ def check_line(line: str, index: int = 0) -> None:
                          f"it two examples: {line!r}")
     if not line:
         raise ValueError(f"formatted example #{index} is empty; vw answers nothing to an empty line")
-    if "save" in line and _is_save_command(line):
-        raise ValueError(f"formatted example #{index} is a featureless example tagged 'save...', "
-                         f"which vw takes as a command to save its model: {line!r}")
+    if "save" in line and _has_save_tag(line):
+        raise ValueError(f"formatted example #{index} has a tag starting with 'save', which vw "
+                         f"can take as a command to save its model instead of an example: {line!r}")
 
 
 def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitProcess,
-                       VowpalWabbitStartupError)
+from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess, VowpalWabbitStartupError)
 
-from conftest import (children_of_this_process, expected_scalars, format_lines, open_fds,
-                      scoring_args)
+from conftest import (children_of_this_process, engine_from_file, expected_scalars, format_lines,
+                      open_fds, scoring_args)
 
 COMMON = {"user": 3, "ctx": ["k1", "k2"]}
 
@@ -100,6 +100,21 @@ def test_bad_lines_raise_before_sending_and_process_stays_usable(formatter, trai
             list(dummy.predict("|u a\n", ["|i ok"]))
         assert len(list(dummy.predict("", ["|i ok", "|i ok2"]))) == 2
     assert list(model.predict(COMMON, items(10))) == expected
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+@pytest.mark.parametrize("vw_args, line", [
+    (["--noconstant"], "1 'saved_item |i a"),     # one namespace left: vw saves, answers nothing
+    (["--ignore", "i"], "'saved|i a"),            # no namespace left once i is ignored
+])
+def test_a_tag_vw_may_take_as_save_command_is_refused(cls, vw_args, line, tmp_path):
+    args = ["--quiet"] + vw_args
+    # The premise: vw really answers nothing to this example.
+    assert engine_from_file([line, "|i b"], args, tmp_path) == [b"0"]
+    with cls(VowpalWabbitDummyFormatter(), args) as process:
+        with pytest.raises(ValueError, match="tag starting with 'save'"):
+            list(process.predict("", ["|i ok", line]))
+        assert list(process.predict("", ["|i b", "|i c"])) == [0.0, 0.0]
 
 
 def test_empty_formatted_line_is_rejected(trained_model):

@@ -36,14 +36,8 @@ ACCEPTED_LINES = [
     "   ",
     "|",
     "1 |",                 # featureless, but not tagged save
-    "1 save_x| a",         # tagged save, but has a feature
     "|save a",             # a namespace named save with feature a
     "| saved_feature",     # a feature named saved_feature
-    "save | a",            # has a feature
-    "save |a b",           # namespace a, feature b
-    "save |a |b c",        # the second namespace has a feature
-    "'save_x |a:2 x",      # namespace with a scale, feature x
-    "save_x|\ta",          # a tab separates the namespace from nothing: a is a feature
     "|u saveme",
     "'1save |",            # the tag does not start with save
     "unsaved |",
@@ -87,12 +81,21 @@ SAVE_COMMANDS = [
     "save|\t",
     "save_x| |a",
     "save_x|\x0b",
+    # With features: vw still saves instead of answering when it is left with
+    # one namespace (--noconstant) or none (--ignore, zero values).
+    "1 save_x| a",
+    "save | a",
+    "save |a b",
+    "save |a |b c",
+    "'save_x |a:2 x",
+    "save_x|\ta",
+    "1 'saved_item |i x",
 ]
 
 
 @pytest.mark.parametrize("line", SAVE_COMMANDS)
-def test_check_line_rejects_featureless_save_tag(line):
-    with pytest.raises(ValueError, match=r"formatted example #7 is a featureless example tagged 'save"):
+def test_check_line_rejects_tags_starting_with_save(line):
+    with pytest.raises(ValueError, match=r"formatted example #7 has a tag starting with 'save'"):
         check_line(line, 7)
 
 
@@ -131,7 +134,7 @@ def test_encode_lines_encodes_utf8():
 
 
 def test_encode_lines_accepts_spaces_only_and_save_named_features():
-    assert encode_lines([" ", "|save a", "1 save_x| a"]) == b" \n|save a\n1 save_x| a\n"
+    assert encode_lines([" ", "|save a", "1 |u saved"]) == b" \n|save a\n1 |u saved\n"
 
 
 def test_encode_lines_accepts_tuple():
@@ -145,8 +148,8 @@ def test_encode_lines_accepts_tuple():
     (["|a x", ""], 1, "is empty"),
     ([""], 0, "is empty"),
     (["", ""], 0, "is empty"),
-    (["|a x", "|b y", "save_q|"], 2, "is a featureless example tagged 'save"),
-    (["1 'save_model |", "|a x"], 0, "is a featureless example tagged 'save"),
+    (["|a x", "|b y", "save_q|"], 2, "has a tag starting with 'save'"),
+    (["1 'save_model |", "|a x"], 0, "has a tag starting with 'save'"),
 ])
 def test_encode_lines_names_the_bad_line_by_request_index(lines, offset, message):
     with pytest.raises(ValueError, match=rf"formatted example #{10 + offset} {message}"):
