@@ -14,6 +14,7 @@ import os
 import select
 import struct
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -581,6 +582,8 @@ class EngineProcess:
             except OSError as exc:
                 if exc.errno != errno.EBADF:
                     raise
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not sys.is_finalizing():
+            # (At interpreter exit no thread can start: the engine, its input
+            # closed, exits by itself and is reaped by the system.)
             threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
                              daemon=True).start()

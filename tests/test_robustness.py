@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -422,6 +423,42 @@ def test_dropped_process_warns_is_reaped_and_del_never_blocks(cls, trained_model
     while open_fds() > fds_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_fds() <= fds_before
+
+
+def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, tmp_path):
+    """Objects left to the garbage collector at exit (module globals): the
+    interpreter exits at once, and the engines, their input closed, exit too."""
+    script = tmp_path / "forgets_to_close.py"
+    script.write_text(
+        "import sys\n"
+        "from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitNonBlockingProcess,\n"
+        "                       VowpalWabbitProcess)\n"
+        f"args = ['-i', {trained_model!r}, '-t', '--quiet']\n"
+        "blocking = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args)\n"
+        "nonblocking = VowpalWabbitNonBlockingProcess(VowpalWabbitDummyFormatter(), args)\n"
+        "writer = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ['--quiet'], write_only=True)\n"
+        "print(len(list(blocking.predict('|u a', ['|i b']))), blocking.pid, nonblocking.pid,\n"
+        "      writer.pid, flush=True)\n")
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-W", "ignore", str(script)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert time.perf_counter() - began < 15
+    first, *engines = [int(word) for word in done.stdout.split()]
+    assert first == 1
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in engines) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z" for pid in engines)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
