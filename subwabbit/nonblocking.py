@@ -14,14 +14,17 @@ from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProces
 
 _COMPACT_BYTES = 1 << 16
 
-#: Defaults of ``max_pending_lines`` and ``write_cutoff_s``, measured with
-#: ``python -m benchmarks.nonblocking_settings`` (the benchmark workload: 3,000
-#: items of 260-byte lines per request, 18 quadratic interactions, timeout
-#: 10 ms, 300 requests, 2-core machine): the 2.x defaults, 20 lines and 1 ms,
-#: returned 703 predictions per call; 40 lines and 0.5 ms returned 849, with
-#: p99.9 wall time 10.25 ms. 0.3 ms returned a few more but let more work run
-#: into the deadline. The engine answers 40 such lines in about 0.2 ms.
-DEFAULT_MAX_PENDING_LINES = 40
+#: Defaults of ``batch_size``, ``max_pending_lines`` and ``write_cutoff_s``,
+#: measured with ``python -m benchmarks.nonblocking_settings --requests 400``
+#: (the benchmark workload: 3,000 items of 260-byte lines per request, 18
+#: quadratic interactions, timeout 10 ms; 2-core machine, the wheel engine's
+#: one-thread loop): 20 lines a batch and 40 in flight returned 2,143 and
+#: 2,032 predictions per call in two runs, 50 and 100 returned 2,453 and
+#: 2,713 (the blocking class: 2,487 and 2,750). A cut-off of 0.4 ms returned
+#: fewer (2,291 and 2,698): more work ran into the deadline. The engine
+#: answers 100 such lines in about 0.35 ms.
+DEFAULT_BATCH_SIZE = 50
+DEFAULT_MAX_PENDING_LINES = 100
 DEFAULT_WRITE_CUTOFF_S = 0.0005
 
 
@@ -64,7 +67,7 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
     """
 
     def __init__(self, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs,
-                 batch_size: int = 20, audit_mode: bool = False,
+                 batch_size: int = DEFAULT_BATCH_SIZE, audit_mode: bool = False,
                  max_pending_lines: int = DEFAULT_MAX_PENDING_LINES,
                  write_timeout_ms: Optional[float] = None,
                  pipe_buffer_size_bytes: Optional[int] = None,
