@@ -44,7 +44,8 @@ from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender
                          nonblocking_contender, pyvw_contender)
 from .cpu import children_cpu_seconds, machine_busy_seconds, process_cpu_seconds
 from .limit import FileRuns, engine_command, file_predictions, per_request_rates
-from .report import ENGINE, machine_info, summarize, write_outputs
+from .pauses import machine_pauses
+from .report import ENGINE, ENGINE_STDIN, machine_info, summarize, write_outputs
 from .workload import RecommenderFormatter, Workload, prediction_args, training_args
 
 ALL_CONTENDERS = ("pyvw", "pyvw-public", "blocking", "nonblocking")
@@ -90,6 +91,9 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--client-cpus", default="",
                         help="pin this Python process (the client, and pyvw) to these CPUs "
                              "(e.g. 0); engines then default to all CPUs")
+    parser.add_argument("--pause-probe", type=float, default=4.0,
+                        help="seconds of busy loop, half before and half after the timeout "
+                             "pass, that measure the machine's own pauses (default 4)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--quick", action="store_true",
@@ -101,6 +105,7 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
         options.throughput_requests, options.rounds = 5, 1
         options.engine_requests, options.check_requests, options.breakdown_requests = 20, 2, 10
         options.block = 5
+        options.pause_probe = 0.5
     options.contenders = [name.strip() for name in options.contenders.split(",") if name.strip()]
     unknown = set(options.contenders) - set(ALL_CONTENDERS)
     if unknown:
@@ -405,6 +410,15 @@ class Benchmark:
         record["lines"] += [min(len(lines), int(len(lines) * timeout / seconds))
                             for lines, seconds in zip(requests_lines[1:], durations)]
 
+    def record_pauses(self, before: Dict[str, Any], after: Dict[str, Any]) -> None:
+        """The machine's own pauses, measured around the timeout pass."""
+        self.results["machine_pauses"] = {
+            "seconds": before["seconds"] + after["seconds"],
+            "over_0.5ms": before["over_0.5ms"] + after["over_0.5ms"],
+            "over_1ms": before["over_1ms"] + after["over_1ms"],
+            "longest_ms": sorted(before["longest_ms"] + after["longest_ms"])[-10:],
+            "method": before["method"] + ", half before and half after the timeout pass"}
+
     def throughput_pass(self) -> None:
         """Without a timeout: best of a few rounds per contender and for the
         engine alone on the same lines from a file, taking turns."""
@@ -418,12 +432,14 @@ class Benchmark:
                                                        / len(lines))
         engine = FileRuns(self.command, prediction_args(self.model_path), lines, self.workdir,
                           "throughput", predictions=True)
+        engine_stdin = FileRuns(self.command, prediction_args(self.model_path), lines,
+                                self.workdir, "throughput-stdin", predictions=True, via_stdin=True)
         del lines
         best: Dict[str, Dict[str, float]] = {}
         for round_index in range(options.rounds):
-            for name in rotated(list(self.contenders) + [ENGINE], round_index):
-                if name == ENGINE:
-                    engine.run()
+            for name in rotated(list(self.contenders) + [ENGINE, ENGINE_STDIN], round_index):
+                if name in (ENGINE, ENGINE_STDIN):
+                    (engine if name == ENGINE else engine_stdin).run()
                     continue
                 contender = self.contenders[name]
                 cpu, engine_cpu = time.process_time(), process_cpu_seconds(contender.engine_pid)
@@ -442,7 +458,8 @@ class Benchmark:
                         "engine_cpu_us_per_line":
                             (process_cpu_seconds(contender.engine_pid) - engine_cpu) / count * 1e6}
         self.results["throughput"] = {"requests": len(pairs), "rounds": options.rounds,
-                                      "contenders": best, "engine": engine.result()}
+                                      "contenders": best, "engine": engine.result(),
+                                      "engine_stdin": engine_stdin.result()}
         log("throughput: " + ", ".join(f"{name} {data['lines_per_s']:,.0f}"
                                         for name, data in best.items())
             + f", engine alone {self.results['throughput']['engine']['lines_per_s']:,.0f} lines/s")
@@ -514,7 +531,9 @@ def main(argv: Optional[List[str]] = None) -> None:
             gc.collect()
             gc.freeze()
             bench.warm_up()
+            before = machine_pauses(options.pause_probe / 2)
             bench.timeout_pass()
+            bench.record_pauses(before, machine_pauses(options.pause_probe / 2))
             bench.throughput_pass()
             bench.breakdown()
         finally:

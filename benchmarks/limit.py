@@ -7,7 +7,10 @@ shutdown) subtracted:
 
 * :class:`FileRuns` with predictions: lines per second on a whole file. The
   wall time of ``ENGINE -d FILE -p OUT`` minus the wall time of the same
-  command on a one-line file, best of a few runs each.
+  command on a one-line file, best of a few runs each. With ``-d`` the wheel
+  engine runs vw's own driver (a parser thread and a learner thread); the
+  same file on stdin (``via_stdin``) measures the one-thread loop that
+  subwabbit's processes get.
 * :func:`per_request_rates`: how fast the engine gets through each request's
   lines. The requests' lines go into one file, read by one engine that writes
   its predictions to a pipe; a reader wakes every 2 milliseconds, stamps
@@ -47,21 +50,27 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
 
 
 def run_engine(command: Sequence[str], args: Sequence[str], data_path: str,
-               predictions_path: str = "") -> Tuple[float, float]:
+               predictions_path: str = "", via_stdin: bool = False) -> Tuple[float, float]:
     """Run the engine on a file.
 
     :param command: from :func:`engine_command`
     :param args: engine arguments (model, ``-t``, ...) without ``-d``/``-p``
-    :param predictions_path: where ``-p`` writes, or ``""`` for no predictions
+    :param predictions_path: where the predictions go, or ``""`` for none
+    :param via_stdin: feed the file on stdin and take the predictions from
+        stdout (``-p stdout``), as subwabbit does, instead of ``-d FILE -p FILE``;
+        the wheel engine then runs its one-thread loop instead of vw's own driver
     :returns: ``(wall seconds, CPU seconds)`` of the whole run
     """
-    argv = list(command) + list(args) + ["-d", data_path]
-    if predictions_path:
-        argv += ["-p", predictions_path]
+    argv = list(command) + list(args)
+    if not via_stdin:
+        argv += ["-d", data_path] + (["-p", predictions_path] if predictions_path else [])
+    elif predictions_path:
+        argv += ["-p", "stdout"]
     cpu = children_cpu_seconds()
     started = time.perf_counter()
-    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE, check=True)
+    with open(data_path if via_stdin else os.devnull, "rb") as stdin, \
+            open(predictions_path if via_stdin and predictions_path else os.devnull, "wb") as stdout:
+        subprocess.run(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, check=True)
     return time.perf_counter() - started, children_cpu_seconds() - cpu
 
 
@@ -83,12 +92,14 @@ class FileRuns:
     :param command: from :func:`engine_command`
     :param args: engine arguments without ``-d``/``-p``
     :param predictions: whether the runs write predictions (``-p`` to a file)
+    :param via_stdin: see :func:`run_engine`
     """
 
     def __init__(self, command: Sequence[str], args: Sequence[str], lines: Sequence[str],
-                 workdir: str, name: str, predictions: bool) -> None:
+                 workdir: str, name: str, predictions: bool, via_stdin: bool = False) -> None:
         self.command = list(command)
         self.args = list(args)
+        self.via_stdin = via_stdin
         self.lines = len(lines)
         self.full = os.path.join(workdir, f"{name}.txt")
         self.one = os.path.join(workdir, f"{name}-one.txt")
@@ -100,8 +111,9 @@ class FileRuns:
 
     def run(self) -> None:
         """One run on the first line and one on all lines."""
-        self.one_runs.append(run_engine(self.command, self.args, self.one, self.out))
-        self.full_runs.append(run_engine(self.command, self.args, self.full, self.out))
+        self.one_runs.append(run_engine(self.command, self.args, self.one, self.out, self.via_stdin))
+        self.full_runs.append(run_engine(self.command, self.args, self.full, self.out,
+                                         self.via_stdin))
 
     def result(self) -> Dict[str, float]:
         best_full, best_one = min(self.full_runs), min(self.one_runs)
@@ -114,8 +126,9 @@ class FileRuns:
             "lines_per_s": (self.lines - 1) / seconds,
             "engine_cpu_us_per_line": (best_full[1] - best_one[1]) / (self.lines - 1) * 1e6,
             "runs": len(self.full_runs),
-            "method": "best wall time of ENGINE -d FILE minus best wall time on the file's "
-                      "first line alone",
+            "method": ("best wall time of ENGINE -p stdout < FILE" if self.via_stdin
+                       else "best wall time of ENGINE -d FILE")
+                      + " minus best wall time on the file's first line alone",
         }
 
 

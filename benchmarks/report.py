@@ -9,6 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy
 
 ENGINE = "engine alone"
+#: The same file fed on stdin, as subwabbit feeds the engine (the wheel
+#: engine's one-thread loop instead of vw's own driver).
+ENGINE_STDIN = "engine alone, stdin"
 
 #: The issue's targets: (key, description).
 TARGETS = (
@@ -103,6 +106,8 @@ def summarize(results: Dict[str, Any]) -> None:
     for name, record in results["throughput"]["contenders"].items():
         throughput[name] = dict(record)
     throughput[ENGINE] = dict(results["throughput"]["engine"])
+    if "engine_stdin" in results["throughput"]:
+        throughput[ENGINE_STDIN] = dict(results["throughput"]["engine_stdin"])
     reference = throughput.get("pyvw", {}).get("lines_per_s")
     for summary in throughput.values():
         summary["vs_pyvw"] = _ratio(summary["lines_per_s"], reference)
@@ -209,6 +214,15 @@ def tables(results: Dict[str, Any]) -> str:
     out.append(simple_table(["contender", "mean", "p50", "p99", "p99.9", "max", ">+0.5 ms",
                              ">+1 ms"], rows))
 
+    pauses = results.get("machine_pauses")
+    if pauses:
+        longest = pauses["longest_ms"][-1] if pauses["longest_ms"] else 0.0
+        out.append(f"The machine's own pauses: a busy loop spinning for {pauses['seconds']:g} s "
+                   f"around the timeout pass, with nothing else of the benchmark running, was "
+                   f"stopped {pauses['over_0.5ms']} times for over 0.5 ms and "
+                   f"{pauses['over_1ms']} times for over 1 ms, the longest {longest:.2f} ms. "
+                   "A call that such a pause meets is late by it, whatever the client does.")
+
     timed = results["timeout"]["contenders"]
     out.append("**CPU in the timeout pass** (µs per prediction returned; client: this Python "
                "process, pyvw's work included; engine: the child process; cores: CPU seconds per "
@@ -232,6 +246,12 @@ def tables(results: Dict[str, Any]) -> str:
                      _num(data.get("client_cpu_us_per_line"), 1), _num(engine, 1)])
     out.append(simple_table(["contender", "lines/s", "vs pyvw", "vs engine", "client µs/line",
                              "engine µs/line"], rows))
+    if ENGINE_STDIN in summary["throughput"]:
+        out.append(f"{ENGINE}: ``ENGINE -d FILE -p FILE`` (the wheel engine runs vw's own driver, "
+                   f"a parser thread and a learner thread); {ENGINE_STDIN}: "
+                   "``ENGINE -p stdout < FILE > OUT``, the way subwabbit feeds the engine (the "
+                   "wheel engine runs its one-thread loop). The targets compare with "
+                   f"{ENGINE}.")
 
     training = results["training"]
     out.append(f"**Training throughput** ({training['lines']:,} labelled lines; write-only "
