@@ -22,7 +22,10 @@ from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 
 from .workload import RecommenderFormatter, Workload, prediction_args, training_args
 
-DEFAULT_SETTINGS = ["max_pending_lines=20,write_cutoff_s=0.001", "", "blocking"]
+#: The 2.x defaults, the defaults before the engine's one-thread loop, the
+#: current defaults and the blocking class.
+DEFAULT_SETTINGS = ["batch_size=20,max_pending_lines=20,write_cutoff_s=0.001",
+                    "batch_size=20,max_pending_lines=40", "", "blocking"]
 
 
 def parse_setting(text: str) -> Dict[str, Any]:
