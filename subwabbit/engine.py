@@ -145,7 +145,9 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bool, bytes]]:
 def _serves(workspace: Any, pylibvw: Any) -> bool:
     """Whether the one-thread loop covers this workspace: single-line examples,
     plain scalar predictions, and only learners known to print them as such
-    (and to need no end-of-input processing that only vw's driver does)."""
+    and to learn from the loop what they learn from vw's driver (not, say,
+    ``--stage_poly``, which counts examples by a number that only vw's
+    driver sets)."""
     return (not workspace._is_multiline()  # pylint: disable=protected-access
             and workspace._get_prediction_type() == pylibvw.vw.pSCALAR  # pylint: disable=protected-access
             and set(workspace.get_enabled_learners()) <= _SCALAR_LEARNERS)

@@ -52,3 +52,22 @@ def test_nonblocking_settings_compares_settings():
                         "max_pending_lines=10,write_cutoff_s=0.002", "blocking")
     assert "max_pending_lines=10,write_cutoff_s=0.002: predictions mean" in output
     assert "blocking: predictions mean" in output
+
+
+def test_pauses_probe_reports_both_measurements():
+    output = run_module("benchmarks.pauses", "--seconds", "0.2")
+    assert "busy loop, 0.2 s:" in output
+    assert "sleeps of 1 ms in select: late by p50" in output
+
+
+def test_main_benchmark_reports_the_engine_on_stdin_and_the_machine_pauses(tmp_path):
+    pytest.importorskip("numpy")
+    run_module("benchmarks", "--quick", "--no-plots", "--contenders", "blocking",
+               "--out", str(tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["throughput"]["engine_stdin"]["lines_per_s"] > 0
+    assert results["throughput"]["engine_stdin"]["method"].startswith(
+        "best wall time of ENGINE -p stdout < FILE")
+    assert results["machine_pauses"]["seconds"] > 0
+    text = (tmp_path / "results.rst").read_text()
+    assert "engine alone, stdin" in text and "The machine's own pauses" in text
