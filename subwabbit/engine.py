@@ -62,6 +62,11 @@ _VW_DRIVER_OPTIONS = frozenset({
     "--daemon", "--port", "--foreground", "--num_children", "--pid_file", "--port_file",
     "--span_server", "--unique_id", "--total", "--node", "-a", "--audit", "--onethread",
     "--no_stdin",
+    # Reductions outside _SCALAR_LEARNERS: known from the arguments, they
+    # spare loading the model once only to find that out.
+    "--oaa", "--ect", "--csoaa", "--wap", "--log_multi", "--recall_tree", "--plt", "--top_k",
+    "--multilabel_oaa", "--probabilities", "--cb", "--cb_explore", "--cbify", "--lda",
+    "--stage_poly", "--bootstrap", "--boosting", "--confidence", "--active", "--marginal",
 })
 
 #: Learners (as listed by ``get_enabled_learners``) whose predictions vw

@@ -244,6 +244,8 @@ def test_scalar_text_matches_c_printf_as_vw_uses_it():
     (["--quiet", "-a"], None),
     (["--quiet", "--audit"], None),
     (["--quiet", "--json"], None),
+    (["-p", "stdout", "--quiet", "--oaa", "3"], None),
+    (["-p", "stdout", "--quiet", "-i", "plt.vw", "--top_k", "2"], None),
 ])
 def test_which_arguments_the_loop_serves(args, expected, monkeypatch):
     monkeypatch.delenv(engine.DRIVER_ENV_VAR, raising=False)
