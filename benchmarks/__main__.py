@@ -39,6 +39,8 @@ import time
 from typing import Any, Dict, List, Optional, Set
 
 from subwabbit import VowpalWabbitProcess
+from subwabbit.command import ENGINE_ENV_VAR
+from subwabbit.engine import DRIVER_ENV_VAR
 
 from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender,
                          nonblocking_contender, pyvw_contender)
@@ -543,6 +545,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     results["command"] = command
     results["options"] = dict(vars(options))
     results["engine_command"] = bench.command
+    results["environment"] = {name: os.environ[name] for name in (ENGINE_ENV_VAR, DRIVER_ENV_VAR)
+                              if os.environ.get(name)}
     results["prediction_args"] = prediction_args("MODEL")
     results["started"] = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started_wall))
     results["duration_s"] = time.perf_counter() - started

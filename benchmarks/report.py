@@ -180,8 +180,9 @@ def tables(results: Dict[str, Any]) -> str:
         f"subwabbit {machine['subwabbit']}; load average "
         f"{results['machine_before']['load_average'][0]:.2f} at the start, "
         f"{machine['load_average'][0]:.2f} at the end; {results['duration_s']:.0f} s in all.")
-    out.append(f"Command: ``{results['command']}``. Engine: ``{' '.join(results['engine_command'])}"
-               f" {' '.join(results['prediction_args'])}``.")
+    environment = "".join(f"{name}={value} " for name, value in results.get("environment", {}).items())
+    out.append(f"Command: ``{environment}{results['command']}``. Engine: "
+               f"``{' '.join(results['engine_command'])} {' '.join(results['prediction_args'])}``.")
     options = results["options"]
     if options.get("client_cpus"):
         out.append(f"The client (this process, and pyvw in it) ran on CPUs "

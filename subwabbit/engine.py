@@ -12,8 +12,8 @@ code 1, like the executable.
 
 Two drivers feed the engine:
 
-* **The one-thread loop**, for examples on stdin (the pipe protocol that
-  subwabbit speaks). It reads what stdin holds, hands the complete lines to
+* **The one-thread loop**, for examples on stdin whose predictions go to
+  stdout (the pipe protocol that subwabbit speaks). It reads what stdin holds, hands the complete lines to
   the engine's parser in one call, has the engine learn from or predict each
   example, and writes their predictions together (at least every 64
   lines). It prints exactly what vw prints: the same numbers and tags,
@@ -21,12 +21,15 @@ Two drivers feed the engine:
   vw's own driver parses on one thread and learns on another, hands every
   example across with a condition variable, and formats and writes each
   prediction on its own; the loop does the same work on one core with fewer
-  system calls, which leaves the other cores to the client.
+  system calls, so that a client waiting for predictions gets them sooner
+  and with less CPU spent on both sides.
 * **vw's own driver** (a parser thread and a learner thread) for everything
-  the loop does not cover: a data file (``-d``), caches and passes, audit
-  mode, predictions that are not plain scalars (``--oaa``, ``--plt``, ...) or
-  that go elsewhere than stdout, reductions not known to print plain scalars,
-  and logs on stdout. ``SUBWABBIT_ENGINE_DRIVER=vw`` chooses it always.
+  the loop does not cover: a data file (``-d``), no predictions at all
+  (write-only training, where nobody waits and two threads learn faster
+  than one), caches and passes, audit mode, predictions that are not plain
+  scalars (``--oaa``, ``--plt``, ...) or that go elsewhere than stdout,
+  reductions not known to print plain scalars, and logs on stdout.
+  ``SUBWABBIT_ENGINE_DRIVER=vw`` chooses it always.
 
 One difference remains: a save command in a shape other than
 ``[label] [']save...|`` with nothing after the ``|`` (say ``save_x|a:0``,
@@ -120,12 +123,12 @@ def _option_values(args: List[str], names: Iterable[str]) -> List[Tuple[int, int
     return found
 
 
-def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bool, bytes]]:
+def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
     """Whether the one-thread loop can serve these arguments.
 
     :returns: ``None`` when vw's own driver must run, else the arguments for
-        the workspace (``-p stdout`` taken out), whether the loop prints the
-        predictions itself, and the ``-f`` model path (for ``save|``)
+        the workspace (``-p stdout`` taken out) and the ``-f`` model path
+        (for ``save|``)
     """
     if os.environ.get(DRIVER_ENV_VAR, "").strip().lower() == "vw":
         return None
@@ -133,18 +136,18 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bool, bytes]]:
     if names & _VW_DRIVER_OPTIONS:
         return None
     predictions = _option_values(args, _PREDICTION_OPTIONS)
-    if len(predictions) > 1 or any(value != "stdout" for _, _, value in predictions):
+    if len(predictions) != 1 or predictions[0][2] != "stdout":
+        # Without predictions (write-only training) nobody waits for an answer,
+        # and vw's parser and learner threads learn faster than one thread.
         return None
-    prints = bool(predictions)
-    if prints and "--quiet" not in args and not (
+    if "--quiet" not in args and not (
             "--driver_output_off" in args
             and [value for _, _, value in _option_values(args, ["--log_output"])] == ["stderr"]):
         return None  # logs or progress on stdout would interleave with the predictions
-    rest = list(args)
-    for start, end, _ in predictions:
-        del rest[start:end]
+    start, end, _ = predictions[0]
+    rest = args[:start] + args[end:]
     final = _option_values(rest, _FINAL_MODEL_OPTIONS)
-    return rest, prints, os.fsencode(final[-1][2]) if final else b""
+    return rest, os.fsencode(final[-1][2]) if final else b""
 
 
 def _serves(workspace: Any, pylibvw: Any) -> bool:
@@ -200,13 +203,11 @@ class OneThreadLoop:
 
     :param workspace: a ``pylibvw.vw`` created without ``-p``
     :param pylibvw: the bindings module
-    :param prints: whether to print predictions on stdout
     :param final_model: the ``-f`` path, where ``save|`` saves
     """
 
-    def __init__(self, workspace: Any, pylibvw: Any, prints: bool, final_model: bytes) -> None:
+    def __init__(self, workspace: Any, pylibvw: Any, final_model: bytes) -> None:
         self.workspace = workspace
-        self.prints = prints
         self.final_model = final_model
         self._parse = workspace._parse  # pylint: disable=protected-access
         self._learn = pylibvw.vw.learn
@@ -266,9 +267,8 @@ class OneThreadLoop:
     def _serve_lines(self, text: bytes, output: List[str]) -> None:
         if not text.strip(b"\n"):
             return  # no example (the parser would hand back an empty one)
-        workspace, learn, finish, prediction, tag_of, prints, append = (
-            self.workspace, self._learn, self._finish, self._prediction, self._tag, self.prints,
-            output.append)
+        workspace, learn, finish, prediction, tag_of, append = (
+            self.workspace, self._learn, self._finish, self._prediction, self._tag, output.append)
         for index, example in enumerate(self._parse(text)):
             try:
                 tag = tag_of(example)
@@ -284,14 +284,13 @@ class OneThreadLoop:
             learn(workspace, example)
             value = prediction(example)
             finish(workspace, example)
-            if prints:
-                # scalar_text(), inlined for the common case: a tenth of the loop's time
-                number = "%.0f" % value if value.is_integer() else "%.6f" % value
-                if number == "nan":
-                    number = scalar_text(value)
-                append(f"{number} {tag}" if tag else number)
-                if len(output) == _ANSWER_LINES:
-                    self._flush(output)
+            # scalar_text(), inlined for the common case: a tenth of the loop's time
+            number = "%.0f" % value if value.is_integer() else "%.6f" % value
+            if number == "nan":
+                number = scalar_text(value)
+            append(f"{number} {tag}" if tag else number)
+            if len(output) == _ANSWER_LINES:
+                self._flush(output)
 
     def _save(self, tag: bytes) -> None:
         """vw's save command: the tag ``save_PATH`` saves to PATH, other
@@ -320,12 +319,12 @@ def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
     chosen = _loop_arguments(args)
     if chosen is None:
         return None
-    loop_args, prints, final_model = chosen
+    loop_args, final_model = chosen
     workspace = pylibvw.vw(loop_args)
     if not _serves(workspace, pylibvw):
         del workspace  # frees the model; vw's driver loads it again
         return None
-    return OneThreadLoop(workspace, pylibvw, prints, final_model)
+    return OneThreadLoop(workspace, pylibvw, final_model)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
