@@ -104,7 +104,7 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if options.quick:
         options.requests, options.items = 40, 1000
         options.train_lines, options.train_rounds = 20_000, 1
-        options.throughput_requests, options.rounds = 5, 1
+        options.throughput_requests, options.rounds = 20, 3
         options.engine_requests, options.check_requests, options.breakdown_requests = 20, 2, 10
         options.block = 5
         options.pause_probe = 0.5
@@ -119,6 +119,10 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return options
+
+
+def _rate(lines_per_s: Optional[float]) -> str:
+    return "unmeasured" if lines_per_s is None else f"{lines_per_s:,.0f}"
 
 
 def log(message: str) -> None:
@@ -174,13 +178,14 @@ class Benchmark:
                 self.workdir, f"model-{round_index}.vw")
             for name, result in (("write_only_train", self._write_only_train(batches, model)),
                                  ("pyvw", self._pyvw_learn(labelled))):
-                if result["lines_per_s"] > best.get(name, {}).get("lines_per_s", 0.0):
+                if name not in best or (result["lines_per_s"] or 0.0) > (
+                        best[name]["lines_per_s"] or 0.0):
                     best[name] = result
         training: Dict[str, Any] = {"lines": len(labelled), "args": training_args("MODEL"),
                                     "rounds": self.options.train_rounds,
                                     "engine": engine.result(), **best}
         self.results["training"] = training
-        log("training: " + ", ".join(f"{name} {training[name]['lines_per_s']:,.0f}"
+        log("training: " + ", ".join(f"{name} {_rate(training[name]['lines_per_s'])}"
                                      for name in ("engine", "write_only_train", "pyvw"))
             + " lines/s")
 
@@ -203,9 +208,11 @@ class Benchmark:
         sent = time.perf_counter() - began
         process.close()
         elapsed = time.perf_counter() - began
+        seconds = elapsed - close_idle
         return {"lines": lines, "train_calls_s": sent, "until_closed_s": elapsed,
-                "idle_close_s": close_idle, "seconds": elapsed - close_idle,
-                "lines_per_s": lines / (elapsed - close_idle),
+                "idle_close_s": close_idle, "seconds": seconds,
+                # An idle close() slower than the whole run: noise beyond the work.
+                "lines_per_s": lines / seconds if seconds > 0 else None,
                 "client_cpu_us_per_line": (time.process_time() - cpu) / lines * 1e6,
                 "method": "train() calls and close(), minus the close() of an idle write-only "
                           "process"}
@@ -462,9 +469,10 @@ class Benchmark:
         self.results["throughput"] = {"requests": len(pairs), "rounds": options.rounds,
                                       "contenders": best, "engine": engine.result(),
                                       "engine_stdin": engine_stdin.result()}
-        log("throughput: " + ", ".join(f"{name} {data['lines_per_s']:,.0f}"
+        log("throughput: " + ", ".join(f"{name} {_rate(data['lines_per_s'])}"
                                         for name, data in best.items())
-            + f", engine alone {self.results['throughput']['engine']['lines_per_s']:,.0f} lines/s")
+            + f", engine alone {_rate(self.results['throughput']['engine']['lines_per_s'])}"
+            + f", engine alone on stdin {_rate(engine_stdin.result()['lines_per_s'])} lines/s")
 
     def breakdown(self) -> None:
         """Where a subwabbit call spends its time, from ``detailed_metrics``."""

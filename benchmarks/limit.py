@@ -28,7 +28,7 @@ shutdown) subtracted:
 import os
 import subprocess
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from subwabbit.command import resolve_engine_command
 
@@ -110,21 +110,44 @@ class FileRuns:
         self.one_runs: List[Tuple[float, float]] = []
 
     def run(self) -> None:
-        """One run on the first line and one on all lines."""
+        """One run on the first line and one on all lines.
+
+        :raises RuntimeError: when the run on all lines did not print one
+            prediction per line
+        """
         self.one_runs.append(run_engine(self.command, self.args, self.one, self.out, self.via_stdin))
         self.full_runs.append(run_engine(self.command, self.args, self.full, self.out,
                                          self.via_stdin))
+        if self.out:
+            with open(self.out, "rb") as handle:
+                printed = sum(1 for _ in handle)
+            if printed != self.lines:
+                raise RuntimeError(f"the engine printed {printed} predictions for {self.lines} "
+                                   f"lines ({self.full})")
 
-    def result(self) -> Dict[str, float]:
+    def result(self) -> Dict[str, Any]:
+        """The engine's rate on the lines with start-up subtracted.
+
+        ``lines_per_s`` and ``engine_cpu_us_per_line`` are ``None``, with the
+        reason in ``unmeasured``, when the best run on all lines was not slower
+        than the best run on one line: the start-up's noise then exceeds the
+        work, and a rate computed from it would be meaningless (negative, or
+        far too high).
+        """
         best_full, best_one = min(self.full_runs), min(self.one_runs)
         seconds = best_full[0] - best_one[0]
+        measured = seconds > 0
         return {
             "lines": self.lines,
             "wall_s": best_full[0],
             "startup_s": best_one[0],
             "seconds": seconds,
-            "lines_per_s": (self.lines - 1) / seconds,
-            "engine_cpu_us_per_line": (best_full[1] - best_one[1]) / (self.lines - 1) * 1e6,
+            "lines_per_s": (self.lines - 1) / seconds if measured else None,
+            "engine_cpu_us_per_line": ((best_full[1] - best_one[1]) / (self.lines - 1) * 1e6
+                                       if measured else None),
+            "unmeasured": None if measured else (
+                "the run on all lines was not slower than the run on one line: the start-up's "
+                "noise exceeds the work; give it more lines or rounds"),
             "runs": len(self.full_runs),
             "method": ("best wall time of ENGINE -p stdout < FILE" if self.via_stdin
                        else "best wall time of ENGINE -d FILE")

@@ -202,9 +202,9 @@ def tables(results: Dict[str, Any]) -> str:
                             rows))
     per_request = results["engine_per_request"]
     out.append(f"Engine alone: {len(per_request['lines']):,} requests; {per_request['method']}. "
-               f"Over these requests the engine ran at {per_request['lines_per_s']:,.0f} lines/s "
+               f"Over these requests the engine ran at {_num(per_request['lines_per_s'])} lines/s "
                f"(on a whole file, start-up subtracted: "
-               f"{results['throughput']['engine']['lines_per_s']:,.0f} lines/s, see below).")
+               f"{_num(results['throughput']['engine']['lines_per_s'])} lines/s, see below).")
 
     out.append(f"**predict() wall time in ms with timeout={timeout_ms:g} ms**")
     rows = []
