@@ -466,13 +466,13 @@ class Benchmark:
                         "client_cpu_us_per_line": (time.process_time() - cpu) / count * 1e6,
                         "engine_cpu_us_per_line":
                             (process_cpu_seconds(contender.engine_pid) - engine_cpu) / count * 1e6}
-        self.results["throughput"] = {"requests": len(pairs), "rounds": options.rounds,
-                                      "contenders": best, "engine": engine.result(),
-                                      "engine_stdin": engine_stdin.result()}
+        throughput = {"requests": len(pairs), "rounds": options.rounds, "contenders": best,
+                      "engine": engine.result(), "engine_stdin": engine_stdin.result()}
+        self.results["throughput"] = throughput
         log("throughput: " + ", ".join(f"{name} {_rate(data['lines_per_s'])}"
                                         for name, data in best.items())
-            + f", engine alone {_rate(self.results['throughput']['engine']['lines_per_s'])}"
-            + f", engine alone on stdin {_rate(engine_stdin.result()['lines_per_s'])} lines/s")
+            + f", engine alone {_rate(throughput['engine']['lines_per_s'])}"
+            + f", engine alone on stdin {_rate(throughput['engine_stdin']['lines_per_s'])} lines/s")
 
     def breakdown(self) -> None:
         """Where a subwabbit call spends its time, from ``detailed_metrics``."""

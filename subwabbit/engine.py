@@ -91,7 +91,6 @@ _BOM = b"\xef\xbb\xbf"
 #: label may come first): vw's command to save the model, ``save_PATH|``
 #: saves to PATH.
 _SAVE_COMMAND = re.compile(rb"(?:[^|]*[ \t])?'?(save[^ \t|]*)\|")
-_SAVE_WORD = re.compile(rb"save")
 
 
 def option_name(arg: str) -> Optional[str]:
@@ -242,7 +241,7 @@ class OneThreadLoop:
         text = _vw_lines(text)
         output: List[str] = []
         try:
-            if _SAVE_WORD.search(text) is None:
+            if b"save" not in text:
                 self._serve_lines(text, output)
             else:
                 self._serve_with_saves(text, output)
