@@ -12,6 +12,7 @@ import time
 from subwabbit import VowpalWabbitNonBlockingProcess
 
 from .batch_size import BenchFormatter, workload
+from .report import nearest_rank
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     walls.sort()
 
     def quantile(q: float) -> float:
-        return walls[min(len(walls) - 1, int(q * len(walls)))] * 1000
+        return nearest_rank(walls, q) * 1000
 
     print(f"{options.calls} calls, timeout {options.timeout * 1000:.1f} ms, vw args {args}")
     print(f"wall ms: mean {statistics.mean(walls) * 1000:.3f} p50 {quantile(0.5):.3f} "

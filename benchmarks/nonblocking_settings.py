@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 
+from .report import nearest_rank
 from .workload import RecommenderFormatter, Workload, prediction_args, training_args
 
 #: The 2.x defaults, the defaults before the engine's one-thread loop, the
@@ -79,7 +80,7 @@ def main() -> None:
         wall.sort()
 
         def quantile(q: float, ordered: List[float] = wall) -> float:
-            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+            return nearest_rank(ordered, q) * 1000
 
         print(f"{setting or 'nonblocking defaults':>45}: predictions mean {statistics.mean(count):7.1f}"
               f"  wall ms p50 {quantile(0.5):.2f} p99 {quantile(0.99):.2f}"

@@ -16,6 +16,8 @@ import select
 import time
 from typing import Any, Dict, List
 
+from .report import nearest_rank
+
 
 def machine_pauses(seconds: float, threshold_s: float = 0.0002) -> Dict[str, Any]:
     """Spin for ``seconds`` and collect the gaps between clock readings.
@@ -56,12 +58,11 @@ def sleep_overshoot(seconds: float, sleep_s: float = 0.001) -> Dict[str, Any]:
         select.select([], [], [], sleep_s)
         late.append((clock() - began - sleep_s) * 1000)
     late.sort()
-    count = len(late)
 
     def quantile(point: float) -> float:
-        return round(late[min(count - 1, int(point * count))], 3)
+        return round(nearest_rank(late, point), 3)
 
-    return {"sleeps": count, "sleep_ms": sleep_s * 1000, "p50_ms": quantile(0.5),
+    return {"sleeps": len(late), "sleep_ms": sleep_s * 1000, "p50_ms": quantile(0.5),
             "p99_ms": quantile(0.99), "p99.9_ms": quantile(0.999), "max_ms": round(late[-1], 3),
             "over_0.5ms": sum(value > 0.5 for value in late)}
 

@@ -61,6 +61,12 @@ def machine_info() -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- summaries
 
+def nearest_rank(ordered: Sequence[float], point: float) -> float:
+    """The ``point`` quantile (0 to 1) of sorted values, by nearest rank: a
+    value that was measured, never one interpolated between two."""
+    return ordered[min(len(ordered) - 1, int(point * len(ordered)))]
+
+
 def _percentiles(values: Sequence[float], points: Sequence[float]) -> List[float]:
     return [float(value) for value in numpy.percentile(numpy.asarray(values, dtype=float), points)]
 

@@ -30,7 +30,7 @@ from subwabbit import (VowpalWabbitEngineExitedError, VowpalWabbitNonBlockingPro
                        VowpalWabbitProcess, VowpalWabbitTimeoutError)
 
 from .batch_size import BenchFormatter, workload
-from .report import write_json
+from .report import nearest_rank, write_json
 
 VW_ARGS = ["--quiet", "-q", "ui", "--loss_function", "logistic", "-b", "20"]
 
@@ -40,7 +40,7 @@ def summarise(values: List[float]) -> Dict[str, float]:
     ordered = sorted(values)
 
     def quantile(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+        return round(nearest_rank(ordered, q) * 1000, 3)
 
     return {"n": len(ordered), "mean": round(statistics.mean(ordered) * 1000, 3),
             "p50": quantile(0.5), "p99": quantile(0.99), "max": round(ordered[-1] * 1000, 3)}
