@@ -4,7 +4,7 @@ for the same lines read from a file (the ground truth every test compares to).""
 import os
 import subprocess
 import sys
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -85,18 +85,24 @@ def scoring_args(model: str) -> List[str]:
     return ["-i", model, "-t", "--quiet", "--link", "logistic"]
 
 
+def proc_stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first,
+    then the parent's pid), or ``None`` once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def children_of_this_process() -> List[int]:
     """Pids of this process's direct children that still exist (zombies included)."""
     children = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid():
+        fields = proc_stat(int(entry))
+        if fields is not None and int(fields[1]) == os.getpid():
             children.append(int(entry))
     return children
 

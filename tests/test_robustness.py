@@ -24,7 +24,7 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
 from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
-                       open_fds, scoring_args)
+                       open_fds, proc_stat, scoring_args)
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 CLASS_IDS = ["blocking", "nonblocking"]
@@ -454,11 +454,8 @@ def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, t
 
 
 def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+    fields = proc_stat(pid)
+    return "gone" if fields is None else fields[0]
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
