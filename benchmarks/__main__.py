@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from subwabbit import VowpalWabbitProcess
 from subwabbit.command import ENGINE_ENV_VAR
-from subwabbit.engine import DRIVER_ENV_VAR
+from subwabbit.engine.program import DRIVER_ENV_VAR
 
 from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender,
                          nonblocking_contender, pyvw_contender)

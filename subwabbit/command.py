@@ -6,7 +6,7 @@ import shutil
 import sys
 from typing import List, Sequence, Union
 
-from .engine import option_name
+from .engine.program import option_name
 
 #: Environment variable that names the engine command (parsed with :func:`shlex.split`).
 ENGINE_ENV_VAR = "SUBWABBIT_VW"
@@ -73,7 +73,7 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
 
 def default_engine_command() -> List[str]:
     """The command that runs the engine shipped with the ``vowpalwabbit`` wheel."""
-    return [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine.py")]
+    return [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine", "program.py")]
 
 
 def resolve_engine_command(
@@ -83,7 +83,7 @@ def resolve_engine_command(
     In order: ``vw_command`` if given (a path, or an argv list), else the
     ``SUBWABBIT_VW`` environment variable (split like a shell would), else a
     ``vw`` executable on ``PATH``, else the wheel's engine through
-    :mod:`subwabbit.engine`.
+    :mod:`subwabbit.engine.program`.
 
     :param vw_command: an explicit command, or ``None``
     :returns: the argv prefix to which engine options are appended

@@ -266,10 +266,10 @@ def test_default_engine_command_runs_the_bundled_engine():
     assert command[0] == sys.executable
     assert len(command) == 2
     assert os.path.isabs(command[1])
-    assert os.path.basename(command[1]) == "engine.py"
+    assert command[1].endswith(os.path.join("subwabbit", "engine", "program.py"))
     assert os.path.isfile(command[1])
-    import subwabbit.engine
-    assert os.path.samefile(command[1], subwabbit.engine.__file__)
+    import subwabbit.engine.program
+    assert os.path.samefile(command[1], subwabbit.engine.program.__file__)
 
 
 # ------------------------------------------------------------------ deadlines

@@ -127,3 +127,14 @@ def test_package_imports_without_posix_only_modules():
                             stderr=subprocess.PIPE, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert "VowpalWabbitNonBlockingProcess" in result.stdout
+
+
+def test_python_m_subwabbit_engine_runs_without_a_runtime_warning():
+    """``python -m subwabbit.engine`` used to warn that the module was already
+    imported (``subwabbit`` imported it before runpy ran it)."""
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "subwabbit.engine",
+                           "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert b"RuntimeWarning" not in done.stderr
+    assert done.stdout.strip()

@@ -14,7 +14,7 @@ from typing import Dict, Sequence, Tuple
 
 import pytest
 
-from subwabbit import engine
+from subwabbit.engine import program as engine
 from subwabbit.command import default_engine_command
 
 #: Lines that exercise vw's line reader and save commands; SAVEDIR is replaced
