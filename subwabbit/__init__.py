@@ -5,6 +5,8 @@
 hard deadline.
 """
 
+import logging
+
 from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter
 from .blocking import VowpalWabbitProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
@@ -15,6 +17,9 @@ from .explanation import AuditFeature, parse_audit_features
 from .nonblocking import VowpalWabbitNonBlockingProcess
 from .plt import VowpalWabbitPLTProcess
 from .version import __version__
+
+# A library's loggers stay silent unless the application configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AuditFeature",

@@ -1,15 +1,12 @@
 """The blocking model: best throughput, blocking pipes."""
 
-import collections
-import time
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
 
 from .base import Label, VowpalWabbitBaseFormatter
+from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
-from .deadlines import deadline_from_timeout
-from .errors import VowpalWabbitError
-from .lines import check_line_part, encode_lines
-from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProcessModel
+from .core.exchanges import Pacing
+from .process_model import VowpalWabbitProcessModel
 
 #: Default lines per write. Measured with ``python -m benchmarks.batch_size``
 #: (30 requests of 1,000 items, a quadratic interaction, 2-core machine):
@@ -49,6 +46,10 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
     :param restart_on_crash: after the engine fails, start a fresh one at the
         next call (counted in ``metrics['restarts']`` and :attr:`restart_count`,
         logged) instead of raising until :meth:`restart`
+    :param restart_after_fork: in a process forked after this object was
+        created, start an engine of its own at the first call (``True``) or
+        raise :class:`~subwabbit.errors.VowpalWabbitError` (``False``); the
+        parent's engine is never touched
     :raises VowpalWabbitStartupError: when the engine cannot start (the message
         carries the engine's own words)
     :raises ValueError: for invalid arguments
@@ -60,17 +61,20 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  metrics_hook: Optional[MetricsHook] = None,
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
         super().__init__(formatter, vw_args, batch_size, write_only=write_only,
                          audit_mode=audit_mode, vw_command=vw_command,
                          metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s,
-                         io_timeout_s=io_timeout_s, restart_on_crash=restart_on_crash)
+                         io_timeout_s=io_timeout_s, restart_on_crash=restart_on_crash,
+                         restart_after_fork=restart_after_fork)
 
-    def _clear_in_flight(self, deadline: Optional[float]) -> bool:
-        engine = self._engine_or_raise()
-        engine.read_lines(self._pending * self._lines_per_example, None, self.io_timeout_s)
-        self._pending = 0
-        return True
+    _detailed_keys = ("generating_lines_time", "sending_lines_time", "receiving_lines_time")
+
+    def _pacing(self) -> Pacing:
+        # Whole batches, one ahead of the engine: batch k+1 is written before
+        # the answers of batch k are read. The deadline stops formatting only.
+        return Pacing(batch_size=self.batch_size, max_in_flight_lines=2 * self.batch_size,
+                      min_batch=self.batch_size, hard_deadline=False)
 
     # ------------------------------------------------------------ predict
 
@@ -94,7 +98,8 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         :param metrics: filled with ``prepare_time`` (from the call to the first
             line, common features included), ``total_time``, ``num_lines``
             (predictions returned), ``lock_wait_time`` (waiting for another
-            thread's call) and ``restarts`` (1 when this call restarted a failed engine)
+            thread's call), ``waited_for_other_call`` (1 when it had to wait) and
+            ``restarts`` (1 when this call restarted a failed engine)
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``
             tuples: ``generating_lines_time``, ``sending_lines_time``,
             ``receiving_lines_time`` (seconds per batch)
@@ -106,106 +111,8 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         :raises ValueError: when a formatted line is not exactly one example
             (raised before that line's batch is sent)
         """
-        start = time.perf_counter()
-        deadline = deadline_from_timeout(timeout, start=start)
-        self._require_predictions("predict")
-        self._check_usable()
-        metrics = self._prepare_metrics(metrics, detailed_metrics, (
-            "generating_lines_time", "sending_lines_time", "receiving_lines_time"))
-        return self._predict(start, deadline, common_features, items_features, debug_info,
-                             metrics, detailed_metrics)
-
-    def _format_batch(self, common_features: Any, common_part: str, items: Iterator[Any],
-                      deadline: Optional[float], debug_info: Any) -> List[str]:
-        formatter = self.formatter
-        format_item = formatter.format_item_features
-        join = formatter.get_formatted_example
-        lines: List[str] = []
-        batch_size = self.batch_size
-        if deadline is None:
-            for item in items:
-                lines.append(join(common_part, format_item(common_features, item,
-                                                           debug_info=debug_info),
-                                  debug_info=debug_info))
-                if len(lines) >= batch_size:
-                    break
-            return lines
-        clock = time.perf_counter
-        while clock() < deadline:
-            item = next(items, _END)
-            if item is _END:
-                break
-            lines.append(join(common_part, format_item(common_features, item, debug_info=debug_info),
-                              debug_info=debug_info))
-            if len(lines) >= batch_size:
-                break
-        return lines
-
-    def _predict(self, start: float, deadline: Optional[float], common_features: Any,
-                 items_features: Iterable[Any], debug_info: Any,
-                 metrics: Optional[Dict[str, Any]],
-                 detailed: Optional[Dict[str, Any]]) -> Iterator[Any]:
-        clock = time.perf_counter
-        yielded = 0
-        token: Optional[object] = None
-        try:
-            begun = self._begin_call(deadline, metrics, quiet_deadline=True)
-            if begun is None:
-                return
-            token = begun[0]
-            engine = self._engine_or_raise()
-            io_timeout = self.io_timeout_s
-            common_part = self.formatter.format_common_features(common_features,
-                                                                debug_info=debug_info)
-            check_line_part(common_part, "the formatted common features")
-            if metrics is not None:
-                metrics["prepare_time"] = clock() - start
-            items = iter(items_features)
-            in_flight: Deque[int] = collections.deque()
-            sent = 0
-            more = True
-            parse = self.parse_predictions
-            while True:
-                lines: List[str] = []
-                if more:
-                    began = clock()
-                    lines = self._format_batch(common_features, common_part, items, deadline,
-                                               debug_info)
-                    more = len(lines) == self.batch_size and (deadline is None or clock() < deadline)
-                    if detailed is not None:
-                        detailed["generating_lines_time"].append((clock(), clock() - began))
-                if lines:
-                    data = encode_lines(lines, sent)
-                    self._check_token(token)
-                    began = clock()
-                    self._guard(engine.write_all, data, None, io_timeout)
-                    self._pending += len(lines)
-                    sent += len(lines)
-                    in_flight.append(len(lines))
-                    if detailed is not None:
-                        detailed["sending_lines_time"].append((clock(), clock() - began))
-                if not in_flight:
-                    break
-                if len(in_flight) == 1 and more:
-                    continue  # keep one batch ahead of the engine
-                count = in_flight.popleft()
-                self._check_token(token)
-                began = clock()
-                raw = self._guard(engine.read_lines, count, None, io_timeout)
-                self._pending -= count
-                predictions = self._guard(parse, raw)
-                if detailed is not None:
-                    detailed["receiving_lines_time"].append((clock(), clock() - began))
-                for prediction in predictions:
-                    yielded += 1  # counted before the caller can stop at this yield
-                    yield prediction
-        finally:
-            if token is not None:
-                self._end_turn(token)
-            if metrics is not None:
-                metrics["num_lines"] = yielded
-                metrics["total_time"] = clock() - start
-            self._finish_call("predict", metrics)
+        return super().predict(common_features, items_features, timeout, debug_info,
+                               metrics, detailed_metrics)
 
     # -------------------------------------------------------------- train
 
@@ -228,42 +135,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         :raises ValueError: for mismatched lengths, non-finite labels or weights,
             or a formatted line that is not exactly one example
         """
-        start = time.perf_counter()
-        if self.audit_mode:
-            raise VowpalWabbitError("train() is not available in audit mode; use explain_vw_line()")
-        self._check_usable()
-        lines = self._format_training_lines(common_features, items_features, labels, weights,
-                                            debug_info)
-        metrics = self._train_metrics()
-        io_timeout = self.io_timeout_s
-        learnt = 0
-        try:
-            with self._call(None, metrics):
-                engine = self._engine_or_raise()
-                if self.write_only:
-                    if lines:
-                        self._guard(engine.write_all, encode_lines(lines), None, io_timeout)
-                else:
-                    in_flight: Deque[int] = collections.deque()
-                    for offset in range(0, len(lines), self.batch_size):
-                        batch = lines[offset:offset + self.batch_size]
-                        self._guard(engine.write_all, encode_lines(batch, offset), None, io_timeout)
-                        self._pending += len(batch)
-                        in_flight.append(len(batch))
-                        if len(in_flight) > 1:
-                            self._read_and_discard(in_flight.popleft())
-                    while in_flight:
-                        self._read_and_discard(in_flight.popleft())
-            learnt = len(lines)
-        finally:
-            self._finish_train(metrics, start, learnt)
-
-    def _read_and_discard(self, count: int) -> None:
-        self._guard(self._engine_or_raise().read_lines, count, None, self.io_timeout_s)
-        self._pending -= count
-
-
-_END = object()
+        super().train(common_features, items_features, labels, weights, debug_info)
 
 
 def __getattr__(name: str) -> Any:

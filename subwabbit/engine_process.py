@@ -1,10 +1,12 @@
-"""One running vw engine: spawning, the start-up check, pipe I/O and shutdown.
+"""One running vw engine: spawning, pipe I/O and shutdown.
 
-:class:`EngineProcess` knows nothing about formatters or requests. It owns the
-child process and its three pipes, keeps the engine's stderr drained (so the
-engine can never block on it) and remembers its tail for error messages, and
-offers the primitives the model classes build on: write bytes, read whole
-lines, wait for a pipe with a deadline, save the model, close.
+:class:`EngineProcess` knows nothing about lines, calls or predictions (that
+is :mod:`subwabbit.core`). It owns the child process and its three pipes,
+keeps the engine's stderr drained (so the engine can never block on it) and
+remembers its tail for error messages, and offers the primitives the drivers
+build on: write what the pipe takes, read what it holds, wait for a pipe with
+a deadline, close; and, in a forked child, let go of a parent's engine
+without touching it.
 """
 
 import collections
@@ -17,9 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 import warnings
-from typing import Deque, List, Optional, Sequence
+from typing import Deque, Optional, Sequence
 
 try:  # POSIX only; `import subwabbit` must still work elsewhere
     import fcntl
@@ -31,11 +32,6 @@ from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWab
                      VowpalWabbitTimeoutError, describe_returncode)
 
 logger = logging.getLogger("subwabbit.engine")
-
-#: A featureless, unlabelled example: it produces exactly one prediction and
-#: teaches the model nothing. Used to see that the engine is alive and to
-#: mark a point in the output stream.
-PROBE_LINE = b"|\n"
 
 _READ_CHUNK = 1 << 16
 _STDERR_TAIL_LINES = 50
@@ -118,22 +114,21 @@ def wait_for_fds(read_fd: Optional[int], write_fd: Optional[int],
 class EngineProcess:
     """A running engine with pipes on stdin, stdout and stderr.
 
+    The constructor only spawns the child; the drivers check that it answers
+    (:func:`subwabbit.sync_driver.start_engine`, or the asyncio client's own).
+
     :param argv: the full command line
-    :param predictions_per_probe: how many stdout lines the engine prints for one
-        example (1, or 3 in audit mode), or ``None`` when it prints no predictions
-        (write-only)
-    :param startup_timeout_s: how long the engine may take to show it is ready
-    :raises VowpalWabbitStartupError: when the engine cannot be run, exits during
-        start-up (invalid arguments, unreadable model), or stays silent too long
+    :param prints_answers: whether the engine prints answers on stdout (a
+        write-only engine does not: a thread then drains and logs its stdout)
+    :raises VowpalWabbitStartupError: when the engine cannot be run at all
     """
 
-    def __init__(self, argv: Sequence[str], *, predictions_per_probe: Optional[int],
-                 startup_timeout_s: float) -> None:
+    def __init__(self, argv: Sequence[str], *, prints_answers: bool = True) -> None:
         self.argv = list(argv)
+        self.prints_answers = prints_answers
         self._stderr_tail: Deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
-        self._rbuf = bytearray()
-        self._rbuf_lines = 0
         self._closed = False
+        self._abandoned = False
         self._killed_by_us = False
         self._failure_reported = False
         try:
@@ -144,12 +139,14 @@ class EngineProcess:
             raise VowpalWabbitStartupError(
                 f"cannot run the vw engine {self.argv[0]!r}: {exc}", argv=self.argv) from exc
         self.pid = self.proc.pid
+        #: the process that started the engine (a forked child must not touch it)
+        self.owner_pid = os.getpid()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         assert self.proc.stderr is not None
         self.stdin_fd = self.proc.stdin.fileno()
         self.stdout_fd = self.proc.stdout.fileno()
-        # Every wait goes through select/poll with a deadline, so that no call
-        # can hang in a read or write on an engine that stopped answering.
+        # Every wait goes through select/poll (or the event loop) with a
+        # deadline, so that no call can hang in a read or a write.
         os.set_blocking(self.stdin_fd, False)
         os.set_blocking(self.stdout_fd, False)
         self._stderr_thread = threading.Thread(
@@ -158,19 +155,15 @@ class EngineProcess:
         self._stderr_thread.start()
         self._stdout_thread: Optional[threading.Thread] = None
         logger.info("started vw[%d]: %s", self.pid, " ".join(self.argv))
-        try:
-            if predictions_per_probe is None:
-                self._await_input_consumed(time.perf_counter() + startup_timeout_s)
-                os.set_blocking(self.stdout_fd, True)  # its reader thread blocks in read()
-                self._stdout_thread = threading.Thread(
-                    target=_discard_stdout, args=(self.stdout_fd, self.pid),
-                    name=f"subwabbit-vw{self.pid}-stdout", daemon=True)
-                self._stdout_thread.start()
-            else:
-                self._await_probe(predictions_per_probe, time.perf_counter() + startup_timeout_s)
-        except BaseException:
-            self._abort()
-            raise
+
+    def drain_stdout_in_background(self) -> None:
+        """For a write-only engine, once it has started: a thread reads and
+        logs whatever it prints on stdout (it should print nothing)."""
+        os.set_blocking(self.stdout_fd, True)  # the reader thread blocks in read()
+        self._stdout_thread = threading.Thread(
+            target=_discard_stdout, args=(self.stdout_fd, self.pid),
+            name=f"subwabbit-vw{self.pid}-stdout", daemon=True)
+        self._stdout_thread.start()
 
     # ------------------------------------------------------------------ state
 
@@ -181,7 +174,7 @@ class EngineProcess:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has run."""
+        """Whether :meth:`close` has run (or the engine was let go in a fork)."""
         return self._closed
 
     def stderr_tail(self) -> str:
@@ -190,47 +183,82 @@ class EngineProcess:
 
     def describe(self) -> str:
         """``running``, ``exited with code N`` or ``killed by SIGX``, for reprs and logs."""
+        if self._abandoned:
+            return f"left to process {self.owner_pid}"
         code = self.returncode
         return "running" if code is None else describe_returncode(code)
 
-    # --------------------------------------------------------------- start-up
+    def add_context(self, error: VowpalWabbitError) -> VowpalWabbitError:
+        """Fill in the argv, exit status and stderr tail of an error raised
+        by the protocol core, which knows none of them."""
+        if error.argv is None:
+            error.argv = list(self.argv)
+        if error.returncode is None and not self._abandoned:
+            error.returncode = self.returncode
+        if not error.stderr_tail:
+            error.stderr_tail = self.stderr_tail()
+        return error
 
-    def _startup_failure(self, message: str, output: bytes = b"") -> VowpalWabbitStartupError:
-        error = self.exited_error(message, output=output)
-        return VowpalWabbitStartupError(error.message, argv=self.argv, returncode=error.returncode,
-                                        stderr_tail=error.stderr_tail, output=error.output)
+    # -------------------------------------------------------------------- I/O
 
-    def _read_until_eof(self, deadline: float) -> bytes:
-        """Collect what stdout still holds, until EOF or the deadline."""
-        data = bytes(self._rbuf)
+    def write_some(self, data: memoryview, deadline: Optional[float] = None) -> int:
+        """Write what the stdin pipe takes now.
+
+        :param deadline: how long an error report may wait for the exit status
+        :returns: the number of bytes written (0 when the pipe is full)
+        :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
+        """
+        try:
+            return os.write(self.stdin_fd, data)
+        except BlockingIOError:
+            return 0
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise self.exited_error("the vw engine stopped reading its input",
+                                    deadline=deadline) from exc
+
+    def read_some(self, deadline: Optional[float] = None) -> bytes:
+        """Read what stdout holds now.
+
+        :param deadline: how long an error report may wait for the exit status
+        :returns: the bytes (empty when nothing is there yet)
+        :raises VowpalWabbitEngineExitedError: at EOF
+        """
+        try:
+            chunk = os.read(self.stdout_fd, _READ_CHUNK)
+        except BlockingIOError:
+            return b""
+        if not chunk:
+            raise self.exited_error("the vw engine closed its output", deadline=deadline)
+        return chunk
+
+    def wait(self, read: bool, write: bool, until: Optional[float]) -> bool:
+        """Sleep until stdout is readable (``read``), stdin writable
+        (``write``), or ``until`` (a :func:`time.perf_counter` value; ``None``:
+        no limit).
+
+        :returns: whether a pipe is ready
+        """
+        return wait_for_fds(self.stdout_fd if read else None, self.stdin_fd if write else None,
+                            until)
+
+    def read_until_eof(self, deadline: float) -> bytes:
+        """Collect what stdout still holds, until EOF or the deadline (for the
+        message of an engine that failed at start-up)."""
+        data = b""
         while wait_for_fds(self.stdout_fd, None, deadline):
             try:
                 chunk = os.read(self.stdout_fd, _READ_CHUNK)
             except BlockingIOError:
                 continue
+            except OSError:
+                break
             if not chunk:
                 break
             data += chunk
         return data
 
-    def _await_probe(self, lines: int, deadline: float) -> None:
-        """Send :data:`PROBE_LINE` and wait for its prediction."""
-        try:
-            self.write_all(PROBE_LINE, deadline)
-            answer = self.read_lines(lines, deadline)
-        except VowpalWabbitEngineExitedError as exc:
-            output = self._read_until_eof(time.perf_counter() + 1.0)
-            raise self._startup_failure("the vw engine exited during start-up", output) from exc
-        except VowpalWabbitTimeoutError as exc:
-            raise self._startup_failure(
-                "the vw engine did not answer a probe example during start-up "
-                "(is the model multi-line, or is it still loading?)") from exc
-        if answer[0].startswith(b"["):
-            # A real vw prints fatal errors as log lines on stdout, then exits.
-            output = b"\n".join(answer) + b"\n" + self._read_until_eof(time.perf_counter() + 2.0)
-            raise self._startup_failure("the vw engine failed during start-up", output)
-
-    def _unread_input_bytes(self) -> Optional[int]:
+    def unread_input_bytes(self) -> Optional[int]:
+        """Bytes written to stdin that the engine has not read (``None``: unknown)."""
         if fcntl is None or termios is None:
             return None
         try:
@@ -238,33 +266,6 @@ class EngineProcess:
         except OSError:
             return None
         return int(struct.unpack("i", raw)[0])
-
-    def _await_input_consumed(self, deadline: float) -> None:
-        """Write-only start-up check: the engine reads stdin only once its
-        arguments are accepted and its model loaded, so wait until it has read
-        a probe example (or exited)."""
-        self.write_all(PROBE_LINE, deadline)
-        output = b""
-        delay = 0.0005
-        while True:
-            unread = self._unread_input_bytes()
-            if unread == 0 or unread is None:
-                return
-            if wait_for_fds(self.stdout_fd, None, min(deadline, time.perf_counter() + delay)):
-                chunk = os.read(self.stdout_fd, _READ_CHUNK)
-                if not chunk:
-                    raise self._startup_failure("the vw engine exited during start-up", output)
-                output += chunk
-            if self.proc.poll() is not None:
-                output += self._read_until_eof(time.perf_counter() + 1.0)
-                raise self._startup_failure("the vw engine exited during start-up", output)
-            if time.perf_counter() >= deadline:
-                raise self._startup_failure(
-                    "the vw engine did not start reading examples within the start-up timeout",
-                    output)
-            delay = min(delay * 2, 0.01)
-
-    # -------------------------------------------------------------------- I/O
 
     def exited_error(self, message: str, output: bytes = b"",
                      deadline: Optional[float] = None) -> VowpalWabbitEngineExitedError:
@@ -286,194 +287,55 @@ class EngineProcess:
             message, argv=self.argv, returncode=returncode, stderr_tail=self.stderr_tail(),
             output=output.decode("utf-8", "replace"))
 
+    def startup_error(self, message: str, output: bytes = b"",
+                      wait_for_exit: bool = True) -> VowpalWabbitStartupError:
+        """Build the error for an engine that failed to start.
+
+        :param wait_for_exit: wait (a second at most) for the exit status and
+            the last stderr lines; ``False`` for an engine that is still running
+            (it is killed by the caller)
+        """
+        if wait_for_exit:
+            error: VowpalWabbitError = self.exited_error(message, output=output)
+        else:
+            error = VowpalWabbitError(message, argv=self.argv, stderr_tail=self.stderr_tail(),
+                                      output=output.decode("utf-8", "replace"))
+        return VowpalWabbitStartupError(error.message, argv=self.argv, returncode=error.returncode,
+                                        stderr_tail=error.stderr_tail, output=error.output)
+
     def set_pipe_size(self, size_bytes: int) -> int:
         """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted."""
         return fcntl.fcntl(self.stdin_fd, 1031, size_bytes)  # F_SETPIPE_SZ
 
-    def wait(self, read: bool, write: bool, deadline: Optional[float],
-             idle_s: Optional[float], doing: str) -> bool:
-        """Sleep until stdout is readable (``read``) or stdin writable (``write``).
-
-        :param deadline: the caller's deadline (:func:`time.perf_counter`), or ``None``
-        :param idle_s: the longest wait without the engine becoming ready; ``None``: no limit
-        :param doing: what the caller was doing, for the error message
-        :returns: ``True`` when ready, ``False`` when ``deadline`` passed first
-        :raises VowpalWabbitTimeoutError: when ``idle_s`` passed first
-        """
-        limit = deadline
-        idle_limit = None if idle_s is None else time.perf_counter() + idle_s
-        if idle_limit is not None and (limit is None or idle_limit < limit):
-            limit = idle_limit
-        if wait_for_fds(self.stdout_fd if read else None, self.stdin_fd if write else None, limit):
-            return True
-        if limit is idle_limit:
-            raise VowpalWabbitTimeoutError(
-                f"the vw engine did not answer for {idle_s:g} s while {doing} "
-                "(io_timeout_s); it may be stopped or stuck", argv=self.argv,
-                returncode=self.returncode, stderr_tail=self.stderr_tail())
-        return False
-
-    def write_some(self, data: memoryview, deadline: Optional[float] = None) -> int:
-        """Write what the stdin pipe takes now.
-
-        :param deadline: how long an error report may wait for the exit status
-        :returns: the number of bytes written (0 when the pipe is full)
-        :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
-        """
-        try:
-            return os.write(self.stdin_fd, data)
-        except BlockingIOError:
-            return 0
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise self.exited_error("the vw engine stopped reading its input",
-                                    deadline=deadline) from exc
-
-    def write_all(self, data: bytes, deadline: Optional[float] = None,
-                  idle_s: Optional[float] = None) -> None:
-        """Write all of ``data``, waiting for pipe space.
-
-        :param deadline: give up at this :func:`time.perf_counter` value
-        :param idle_s: give up when the engine takes nothing for this many seconds
-        :raises VowpalWabbitTimeoutError: when the deadline or ``idle_s`` passes first
-        :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
-        """
-        view = memoryview(data)
-        while True:
-            view = view[self.write_some(view, deadline):]
-            if not view:
-                return
-            if not self.wait(False, True, deadline, idle_s, "writing to it") or (
-                    deadline is not None and time.perf_counter() >= deadline):
-                raise VowpalWabbitTimeoutError(
-                    "timed out writing to the vw engine", argv=self.argv,
-                    returncode=self.returncode, stderr_tail=self.stderr_tail())
-
-    def read_available(self, deadline: Optional[float] = None) -> int:
-        """Move what stdout holds now into the line buffer.
-
-        :param deadline: how long an error report may wait for the exit status
-        :returns: the number of bytes read (0: nothing available yet)
-        :raises VowpalWabbitEngineExitedError: at EOF
-        """
-        try:
-            chunk = os.read(self.stdout_fd, _READ_CHUNK)
-        except BlockingIOError:
-            return 0
-        if not chunk:
-            raise self.exited_error("the vw engine closed its output", deadline=deadline)
-        self._rbuf += chunk
-        self._rbuf_lines += chunk.count(b"\n")
-        return len(chunk)
-
-    @property
-    def buffered_lines(self) -> int:
-        """Complete lines read from stdout and not yet taken."""
-        return self._rbuf_lines
-
-    def take_lines(self, count: int) -> List[bytes]:
-        """Take up to ``count`` complete lines (without their newlines) from the buffer."""
-        count = min(count, self._rbuf_lines)
-        if count <= 0:
-            return []
-        if count == self._rbuf_lines:
-            end = self._rbuf.rfind(b"\n") + 1
-            lines = bytes(self._rbuf[:end]).split(b"\n")
-            del self._rbuf[:end]
-            lines.pop()
-        else:
-            lines = bytes(self._rbuf).split(b"\n", count)
-            self._rbuf = bytearray(lines.pop())
-        self._rbuf_lines -= count
-        return lines
-
-    def read_lines(self, count: int, deadline: Optional[float] = None,
-                   idle_s: Optional[float] = None) -> List[bytes]:
-        """Read exactly ``count`` lines from stdout.
-
-        :param deadline: give up at this :func:`time.perf_counter` value
-        :param idle_s: give up when the engine prints nothing for this many seconds
-        :raises VowpalWabbitTimeoutError: when the deadline or ``idle_s`` passes first
-        :raises VowpalWabbitEngineExitedError: at EOF
-        """
-        while self._rbuf_lines < count:
-            if self.read_available(deadline):
-                continue
-            if not self.wait(True, False, deadline, idle_s, "waiting for its predictions"):
-                raise VowpalWabbitTimeoutError(
-                    f"timed out waiting for {count - self._rbuf_lines} line(s) from the vw engine",
-                    argv=self.argv, returncode=self.returncode, stderr_tail=self.stderr_tail())
-        return self.take_lines(count)
-
-    # ------------------------------------------------------------------- save
-
-    def save_model(self, path: str, deadline: Optional[float],
-                   probe_lines: Optional[int], idle_s: Optional[float] = None) -> None:
-        """Have the engine write its model now, and place it at ``path`` atomically.
-
-        The engine saves through its ``save_PATH|`` control example, which
-        produces no prediction. It writes to a side file and renames it when
-        done, so a file that appears under the name it was given is complete.
-        subwabbit gives it a unique name beside ``path`` and renames that to
-        ``path`` afterwards. When the engine prints predictions, a probe example
-        after the save line tells when the save has been processed; otherwise
-        the file's appearance does. The caller must make sure that no earlier
-        predictions are waiting on stdout.
-
-        :param probe_lines: output lines per example, or ``None`` for a write-only engine
-        :param idle_s: give up when the engine shows no progress for this many seconds
-        :raises VowpalWabbitTimeoutError: when the save does not finish by ``deadline``
-            (or makes no progress for ``idle_s``)
-        :raises VowpalWabbitEngineExitedError: when the engine dies meanwhile
-        :raises VowpalWabbitError: when the engine processed the save but wrote no file
-        """
-        target = os.path.abspath(path)
-        directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
-        side = os.path.join(directory, f".{os.path.basename(target)}.subwabbit-{uuid.uuid4().hex}")
-        if any(ch.isspace() or ch == "|" for ch in side):
-            raise ValueError(f"vw cannot save to {target!r}: its save command takes no spaces "
-                             "or '|' in the path")
-        command = f"save_{side}|\n".encode()
-        try:
-            if probe_lines is not None:
-                self.write_all(command + PROBE_LINE, deadline, idle_s)
-                self.read_lines(probe_lines, deadline, idle_s)
-            else:
-                self.write_all(command, deadline, idle_s)
-                delay = 0.0005
-                # A write-only engine has at most a pipe's worth of examples to
-                # learn before the save: io_timeout_s bounds the whole wait.
-                if idle_s is not None:
-                    idle_deadline = time.perf_counter() + idle_s
-                    deadline = idle_deadline if deadline is None else min(deadline, idle_deadline)
-                while not os.path.exists(side):
-                    if self.proc.poll() is not None:
-                        raise self.exited_error("the vw engine exited while saving its model")
-                    if deadline is not None and time.perf_counter() >= deadline:
-                        raise VowpalWabbitTimeoutError(
-                            f"timed out saving the model to {target}", argv=self.argv,
-                            stderr_tail=self.stderr_tail())
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.02)
-            if not os.path.exists(side):
-                raise VowpalWabbitError(f"the vw engine did not write its model to {target}",
-                                        argv=self.argv, stderr_tail=self.stderr_tail())
-            os.replace(side, target)
-        finally:
-            for leftover in (side, side + ".writing"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
-        logger.info("vw[%d] saved its model to %s", self.pid, target)
-
     # -------------------------------------------------------------- shutdown
 
-    def _abort(self) -> None:
-        """Tear down after a failed start: kill, reap, close pipes."""
+    def abort(self) -> None:
+        """Tear down at once: kill, reap, close pipes (after a failed start)."""
+        if self._abandoned:
+            return
         self._closed = True
+        self._killed_by_us = True
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         self._close_pipes()
+
+    def abandon_in_fork(self) -> None:
+        """In a forked child: let go of the parent's engine without touching
+        it: no signal, no EOF (the parent still holds its own ends of the
+        pipes), no wait. Only this process's copies of the pipes are closed,
+        so that the engine sees EOF when the parent closes it."""
+        if self._abandoned:
+            return
+        self._abandoned = self._closed = True
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        # Not our child: subprocess must never wait for it or signal it here.
+        self.proc.returncode = 0
 
     def _close_pipes(self, deadline: Optional[float] = None) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):

@@ -1,18 +1,16 @@
 """The nonblocking model: returns by its deadline, non-blocking pipes (Linux only)."""
 
 import sys
-import time
 import warnings
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
 
 from .base import Label, VowpalWabbitBaseFormatter
+from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
-from .deadlines import deadline_from_timeout, validate_seconds
+from .core.exchanges import Pacing
+from .deadlines import validate_seconds
 from .engine_process import EngineProcess
-from .lines import check_line_part, encode_lines
-from .process_model import DEFAULT_IO_TIMEOUT_S, MetricsHook, VowpalWabbitProcessModel
-
-_COMPACT_BYTES = 1 << 16
+from .process_model import VowpalWabbitProcessModel
 
 #: Defaults of ``batch_size``, ``max_pending_lines`` and ``write_cutoff_s``,
 #: measured with ``python -m benchmarks.nonblocking_settings --requests 400``
@@ -61,8 +59,14 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         ``predict(timeout=None)``, ``cleanup(None)``): the longest the engine
         may stay silent before :class:`~subwabbit.errors.VowpalWabbitTimeoutError`;
         ``None``: wait forever. Calls with a deadline return by it instead
-    :param restart_on_crash: after the engine fails, start a fresh one at the
-        next call (counted in ``metrics['restarts']`` and :attr:`restart_count`, logged)
+    :param restart_on_crash: after the engine fails, start a fresh one in the
+        background at once; a call never waits for it past its deadline (it
+        returns ``[]`` until the new engine answers its probe), and it is
+        counted in ``metrics['restarts']`` and :attr:`restart_count`, and logged
+    :param restart_after_fork: in a process forked after this object was
+        created, start an engine of its own (in the background, as above) at
+        the first call, or raise :class:`~subwabbit.errors.VowpalWabbitError`
+        with ``False``; the parent's engine is never touched
     :raises NotImplementedError: on an operating system other than Linux
     """
 
@@ -75,7 +79,7 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S, metrics_hook: Optional[MetricsHook] = None,
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
@@ -94,18 +98,18 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                              f"got {pipe_buffer_size_bytes!r}")
         self.max_pending_lines = max_pending_lines
         self.pipe_buffer_size_bytes = pipe_buffer_size_bytes
-        # Bytes formatted but not yet taken by the pipe; _woff is where writing resumes.
-        # The buffer always starts at a line boundary.
-        self._wbuf = bytearray()
-        self._woff = 0
-        # How many of the oldest pending predictions belong to calls that ended.
-        self._discard = 0
-        # Bytes the last read brought (for detailed metrics).
-        self._received_bytes = 0
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                         restart_on_crash=restart_on_crash)
+                         restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+
+    _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
+                      "generating_lines_time", "sending_lines_time", "receiving_lines_time")
+    _background_restarts = True
+
+    def _pacing(self) -> Pacing:
+        return Pacing(batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
+                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True)
 
     @property
     def write_timeout_ms(self) -> float:
@@ -116,93 +120,10 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         if self.pipe_buffer_size_bytes is not None:
             engine.set_pipe_size(self.pipe_buffer_size_bytes)
 
-    def _forget_in_flight(self) -> None:
-        super()._forget_in_flight()
-        del self._wbuf[:]
-        self._woff = 0
-        self._discard = 0
-
-    # ------------------------------------------------------- pipe plumbing
-
-    def _write_some(self, deadline: Optional[float] = None) -> int:
-        """Write what the pipe takes now; returns the number of bytes written."""
-        engine = self._engine_or_raise()
-        written = engine.write_some(memoryview(self._wbuf)[self._woff:], deadline)
-        self._woff += written
-        if self._woff == len(self._wbuf):
-            del self._wbuf[:]
-            self._woff = 0
-        elif self._woff > _COMPACT_BYTES:
-            cut = self._wbuf.rfind(b"\n", 0, self._woff) + 1
-            del self._wbuf[:cut]
-            self._woff -= cut
-        return written
-
-    def _drop_unwritten_lines(self) -> int:
-        """Forget the lines that no byte of has reached the pipe.
-
-        :returns: how many lines were dropped
-        """
-        buf, offset = self._wbuf, self._woff
-        if offset >= len(buf):
-            return 0
-        start = offset if offset == 0 or buf[offset - 1] == 0x0A else buf.index(b"\n", offset) + 1
-        dropped = buf.count(b"\n", start)
-        del buf[start:]
-        if not buf:
-            self._woff = 0
-        self._pending -= dropped
-        return dropped
-
-    def _receive(self, deadline: Optional[float] = None) -> Optional[List[Any]]:
-        """Read what the engine has printed; discard leftovers of earlier calls.
-
-        :param deadline: how long an error report may wait for a dead engine's exit status
-        :returns: ``None`` when nothing arrived, else the predictions (maybe
-            none) that belong to the current call
-        """
-        engine = self._engine_or_raise()
-        self._received_bytes = engine.read_available(deadline)
-        if not self._received_bytes:
-            return None
-        complete = engine.buffered_lines
-        if self._discard:
-            stale = min(self._discard, complete)
-            engine.take_lines(stale)
-            self._discard -= stale
-            self._pending -= stale
-            complete -= stale
-        if not complete:
-            return []
-        self._pending -= complete
-        return self.parse_predictions(engine.take_lines(complete))
-
-    def _wait(self, deadline: Optional[float]) -> None:
-        """Sleep until the engine can take or give more, or the deadline;
-        without a deadline, raise after ``io_timeout_s`` of silence."""
-        self._engine_or_raise().wait(True, self._woff < len(self._wbuf), deadline,
-                                     self.io_timeout_s if deadline is None else None,
-                                     "waiting for its predictions")
-
-    def _clear_in_flight(self, deadline: Optional[float]) -> bool:
-        self._discard = self._pending
-        self._discard -= self._drop_unwritten_lines()
-        while self._discard:
-            progressed = bool(self._woff < len(self._wbuf) and self._write_some(deadline))
-            if self._receive(deadline) is not None:
-                progressed = True
-            if not self._discard:
-                break
-            if deadline is not None and time.perf_counter() >= deadline:
-                return False
-            if not progressed:
-                self._wait(deadline)
-        return True
-
     def cleanup(self, deadline: Optional[float] = None, debug_info: Any = None) -> bool:
         """Read and discard the predictions earlier calls left in flight.
 
-        ``predict`` does this itself at its start; call it between requests to
+        ``predict`` does this itself as it goes; call it between requests to
         take the work off the next request's budget.
 
         :param deadline: a :func:`time.perf_counter` value to stop at, or ``None``
@@ -211,11 +132,7 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         """
         del debug_info
         self._check_usable()
-        begun = self._begin_call(deadline, quiet_deadline=True)
-        if begun is None:
-            return False
-        self._end_turn(begun[0])
-        return begun[1]
+        return self._cleanup(deadline)
 
     # ------------------------------------------------------------ predict
 
@@ -236,11 +153,15 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :param items_features: one entry per item
         :param timeout: seconds; ``None``: no limit
         :param debug_info: passed to every formatter call
-        :param metrics: filled with ``cleanup_time``, ``before_cleanup_pending_lines``,
-            ``after_cleanup_pending_lines`` (leftovers of earlier calls),
-            ``prepare_time``, ``total_time``, ``num_lines``, ``lock_wait_time``
-            (waiting for another thread's call, part of ``cleanup_time``) and
-            ``restarts`` (1 when this call restarted a failed engine)
+        :param metrics: filled with ``before_cleanup_pending_lines`` (leftovers
+            of earlier calls in flight when the call began),
+            ``after_cleanup_pending_lines`` (those still in flight when it
+            returned), ``cleanup_time`` (from the call until the leftovers were
+            all answered; new lines are sent meanwhile), ``prepare_time``,
+            ``total_time``, ``num_lines``, ``lock_wait_time`` (waiting for
+            another thread's call), ``waited_for_other_call`` (1 when it had to
+            wait) and ``restarts`` (1 when this call started or waited for a
+            replacement engine)
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``:
             ``sending_bytes``, ``receiving_bytes``, ``pending_lines``,
             ``generating_lines_time``, ``sending_lines_time``, ``receiving_lines_time``
@@ -250,110 +171,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
             deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError` only
             without a deadline, after ``io_timeout_s`` of silence
         """
-        start = time.perf_counter()
-        deadline = deadline_from_timeout(timeout, start=start)
-        self._require_predictions("predict")
-        self._check_usable()
-        metrics = self._prepare_metrics(metrics, detailed_metrics, (
-            "sending_bytes", "receiving_bytes", "pending_lines", "generating_lines_time",
-            "sending_lines_time", "receiving_lines_time"))
-        return self._predict(start, deadline, common_features, items_features, debug_info,
-                             metrics, detailed_metrics)
-
-    def _predict(self, start: float, deadline: Optional[float], common_features: Any,
-                 items_features: Iterable[Any], debug_info: Any,
-                 metrics: Optional[Dict[str, Any]],
-                 detailed: Optional[Dict[str, Any]]) -> Iterator[Any]:
-        # pylint: disable=too-many-branches,too-many-statements,too-many-locals
-        clock = time.perf_counter
-        yielded = 0
-        token: Optional[object] = None
-        try:
-            if metrics is not None:
-                metrics["before_cleanup_pending_lines"] = self._pending
-            began = clock()
-            begun = self._begin_call(deadline, metrics, quiet_deadline=True)
-            if metrics is not None:
-                metrics["cleanup_time"] = clock() - began
-                metrics["after_cleanup_pending_lines"] = self._pending
-            if begun is None:
-                return
-            token, cleared = begun
-            if not cleared:
-                return
-            write_deadline = None if deadline is None else deadline - self.write_cutoff_s
-            formatter = self.formatter
-            format_item = formatter.format_item_features
-            join = formatter.get_formatted_example
-            common_part = formatter.format_common_features(common_features, debug_info=debug_info)
-            check_line_part(common_part, "the formatted common features")
-            if metrics is not None:
-                metrics["prepare_time"] = clock() - start
-            items = iter(items_features)
-            producing = True
-            produced = 0
-            batch_size, max_pending = self.batch_size, self.max_pending_lines
-            while True:
-                now = clock()
-                if deadline is not None and now >= deadline:
-                    break
-                progressed = False
-                # 1. format more lines while there is room in flight
-                if producing and write_deadline is not None and now >= write_deadline:
-                    producing = False
-                    self._drop_unwritten_lines()
-                if producing and self._pending < max_pending:
-                    began = now
-                    want = min(batch_size, max_pending - self._pending)
-                    lines: List[str] = []
-                    for item in items:
-                        lines.append(join(common_part,
-                                          format_item(common_features, item, debug_info=debug_info),
-                                          debug_info=debug_info))
-                        if len(lines) >= want:
-                            break
-                    else:
-                        producing = False
-                    if lines:
-                        self._wbuf += encode_lines(lines, produced)
-                        self._pending += len(lines)
-                        produced += len(lines)
-                        progressed = True
-                    if detailed is not None:
-                        detailed["generating_lines_time"].append((clock(), clock() - began))
-                # 2. write what the pipe takes
-                if self._woff < len(self._wbuf):
-                    began = clock()
-                    written = self._guard(self._write_some, deadline)
-                    progressed = progressed or written > 0
-                    if detailed is not None:
-                        detailed["sending_lines_time"].append((clock(), clock() - began))
-                        detailed["sending_bytes"].append((clock(), written))
-                # 3. read what has arrived
-                began = clock()
-                predictions = self._guard(self._receive, deadline)
-                if detailed is not None:
-                    detailed["receiving_lines_time"].append((clock(), clock() - began))
-                    detailed["receiving_bytes"].append((clock(), self._received_bytes))
-                    detailed["pending_lines"].append((clock(), self._pending))
-                if predictions is not None:
-                    progressed = True
-                    for prediction in predictions:
-                        yielded += 1  # counted before the caller can stop at this yield
-                        yield prediction
-                    self._check_token(token)
-                # 4. done, or 5. sleep until the engine can take or give more
-                if not producing and not self._pending:
-                    break
-                if not progressed:
-                    self._guard(self._wait, deadline)
-        finally:
-            if token is not None:
-                self._end_turn(token)
-            if metrics is not None:
-                metrics["num_lines"] = yielded
-                metrics["total_time"] = clock() - start
-            self._finish_call("predict", metrics)
+        return super().predict(common_features, items_features, timeout, debug_info,
+                               metrics, detailed_metrics)
 
     # -------------------------------------------------------------- train
 
@@ -371,25 +190,5 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :raises ValueError: see :meth:`VowpalWabbitProcess.train
             <subwabbit.blocking.VowpalWabbitProcess.train>`
         """
-        start = time.perf_counter()
         self._require_predictions("train")
-        self._check_usable()
-        lines = self._format_training_lines(common_features, items_features, labels, weights,
-                                            debug_info)
-        metrics = self._train_metrics()
-        learnt = 0
-        try:
-            with self._call(None, metrics):
-                if lines:
-                    self._wbuf += encode_lines(lines)
-                    self._pending += len(lines)
-                    while self._pending:
-                        progressed = (self._woff < len(self._wbuf)
-                                      and self._guard(self._write_some) > 0)
-                        if self._guard(self._receive) is not None:
-                            progressed = True
-                        if self._pending and not progressed:
-                            self._guard(self._wait, None)
-                learnt = len(lines)
-        finally:
-            self._finish_train(metrics, start, learnt)
+        super().train(common_features, items_features, labels, weights, debug_info)

@@ -1,168 +1,212 @@
-"""What the blocking and nonblocking models share: the engine's lifecycle, the
-bookkeeping that keeps every prediction with its own call, saving, audit
-explanations and the metrics hook."""
+"""What the blocking and nonblocking classes share: the engine's lifecycle,
+turn-taking between threads, restarts (after a failure or a fork), and the
+calls themselves, each an exchange of :mod:`subwabbit.core` run by
+:mod:`subwabbit.sync_driver`."""
 
 import contextlib
 import logging
-import math
-import numbers
+import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
-from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
+from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase,  # noqa: F401
+                     MetricsHook)
+from .command import VwArgs
+from .core.channel import Channel
+from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
+                             ProbeExchange, SendExchange, format_common_part)
 from .deadlines import deadline_from_timeout, validate_seconds
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
-from .lines import check_line, check_line_part, encode_lines, parse_scalar, parse_scalars
+from .lines import check_line, parse_scalar, parse_scalars
+from .saving import ModelSave
+from .sync_driver import drive, start_engine, wait_for_file
 
 logger = logging.getLogger("subwabbit")
 
-#: Receives each call's metrics dict when the call ends, however it ended.
-MetricsHook = Callable[[Dict[str, Any]], None]
-
-#: Default of ``io_timeout_s``: generous, so that only an engine that has
-#: stopped or hung trips it (a busy engine answers a batch in milliseconds).
-DEFAULT_IO_TIMEOUT_S = 30.0
-
-# How long restart() gives an engine that already failed to exit before SIGKILL.
+# How long a restart gives an engine that already failed to exit before SIGKILL.
 _FAILED_ENGINE_CLOSE_S = 0.5
 
-#: Lines of engine output per example in audit mode (with ``-p``): the raw
-#: score, the features, the prediction.
-AUDIT_LINES_PER_EXAMPLE = 3
+#: Errors after which the engine's output can no longer be matched to calls.
+ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
+                   VowpalWabbitTimeoutError)
 
 
-class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
+class _Replacement:
+    """A replacement engine started on a thread of its own, so that no call
+    waits for it past its deadline.
+
+    :param start: starts and checks the engine; called with a function that
+        receives the spawned engine (so that :meth:`cancel` can kill it)
+    :param old: the failed engine to close first, if any
+    """
+
+    def __init__(self, start: Callable[[Callable[[EngineProcess], None]], EngineProcess],
+                 old: Optional[EngineProcess]) -> None:
+        self.engine: Optional[EngineProcess] = None
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+        self._spawned: Optional[EngineProcess] = None
+        self._cancelled = False
+        self._start = start
+        self._old = old
+        self.thread = threading.Thread(target=self._run, name="subwabbit-restart", daemon=True)
+        self.thread.start()
+
+    def _spawned_engine(self, engine: EngineProcess) -> None:
+        self._spawned = engine
+        if self._cancelled:
+            engine.kill()
+
+    def _run(self) -> None:
+        try:
+            if self._old is not None and not self._old.closed:
+                try:
+                    self._old.close(_FAILED_ENGINE_CLOSE_S)
+                except VowpalWabbitError as exc:
+                    logger.debug("the replaced vw engine failed: %s", exc)
+            self.engine = self._start(self._spawned_engine)
+        except BaseException as exc:  # pylint: disable=broad-except
+            self.error = exc
+            logger.warning("starting a replacement vw engine failed: %s", exc)
+        finally:
+            self.done.set()
+
+    def cancel(self, timeout: float) -> None:
+        """Stop the start-up (kill the engine being started), wait for the
+        thread within ``timeout`` and close what it started."""
+        self._cancelled = True
+        if self._spawned is not None:
+            self._spawned.kill()
+        self.thread.join(timeout)
+        if self.engine is not None:
+            self.engine.abort()
+
+    def abandon_in_fork(self) -> None:
+        """In a forked child: let go of the engines the parent's thread holds."""
+        for engine in (self._spawned, self.engine, self._old):
+            if engine is not None:
+                engine.abandon_in_fork()
+
+
+class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     """Base class of the models that run a vw engine as a child process.
 
-    It owns the :class:`~subwabbit.engine_process.EngineProcess`, the count of
-    examples sent whose predictions have not been read (``pending``), and the
-    *call token*: each call (``predict``, ``train``, ``save``,
-    ``explain_vw_line``) takes the process over; predictions left in flight by
-    an earlier call are read and thrown away first, and an earlier
-    ``predict`` iterator resumed afterwards raises instead of reading
-    predictions that are not its own.
+    Each call (``predict``, ``train``, ``save``, ``explain_vw_line``) is a
+    *call* on the engine's :class:`~subwabbit.core.channel.Channel`, which
+    keeps every answer with its own call: what an earlier call left in
+    flight is read and thrown away as it arrives, and an earlier ``predict``
+    iterator resumed afterwards raises instead of reading predictions that are
+    not its own.
 
     Calls are serialised: a call holds the process from its start until it
     returns (for ``predict``: until its iterator is exhausted, closed or
     garbage-collected). A call from another thread waits for it, until its
     own deadline (a ``predict`` with a timeout then yields nothing) or for
-    ``io_timeout_s`` (then :class:`~subwabbit.errors.VowpalWabbitBusyError`).
-    A new call from the thread that holds the process supersedes its
-    unfinished iterator.
+    ``io_timeout_s`` (then :class:`~subwabbit.errors.VowpalWabbitBusyError`);
+    such waits are counted in ``metrics['waited_for_other_call']`` and logged
+    at WARNING at most once a minute. A new call from the thread that holds
+    the process supersedes its unfinished iterator.
 
     After the engine fails (it exits, prints something unexpected, or does not
     answer within ``io_timeout_s``) every call raises
     :class:`~subwabbit.errors.VowpalWabbitError` until :meth:`restart`; with
-    ``restart_on_crash=True`` the next call restarts the engine itself.
+    ``restart_on_crash=True`` a replacement engine is started (see the
+    subclasses for when a call waits for it).
+
+    In a process forked after the object was created, the parent's engine is
+    never read, written, signalled or closed: the first call in the child
+    starts an engine of its own with the same command (logged at INFO), or
+    raises :class:`~subwabbit.errors.VowpalWabbitError` with
+    ``restart_after_fork=False``.
     """
 
     #: turns raw prediction lines into the values ``predict`` yields
     parse_predictions: Callable[[List[bytes]], List[Any]] = staticmethod(parse_scalars)
 
+    #: the keys ``detailed_metrics`` receives from ``predict``
+    _detailed_keys: Tuple[str, ...] = ()
+
+    #: whether a replacement engine starts in the background (the call
+    #: returns by its deadline) or within the call
+    _background_restarts = False
+
     def __init__(self, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs, batch_size: int, *,
                  write_only: bool, audit_mode: bool,
                  vw_command: Union[str, Sequence[str], None],
                  metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
-                 io_timeout_s: Optional[float], restart_on_crash: bool) -> None:
-        super().__init__(formatter)
+                 io_timeout_s: Optional[float], restart_on_crash: bool,
+                 restart_after_fork: bool = True) -> None:
         self._engine: Optional[EngineProcess] = None
+        self._channel: Optional[Channel] = None
+        self._replacement: Optional[_Replacement] = None
         self._closed = False
-        if not isinstance(formatter, VowpalWabbitBaseFormatter):
-            raise TypeError("formatter must be a VowpalWabbitBaseFormatter, "
-                            f"got {type(formatter).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if write_only and audit_mode:
-            raise ValueError("write_only and audit_mode exclude each other: audit mode reads "
-                             "the engine's output")
-        if metrics_hook is not None and not callable(metrics_hook):
-            raise TypeError("metrics_hook must be callable")
-        self.vw_args = normalize_vw_args(vw_args)
-        self.batch_size = batch_size
-        self.write_only = bool(write_only)
-        self.audit_mode = bool(audit_mode)
-        self.metrics_hook = metrics_hook
-        self.startup_timeout_s = validate_seconds(startup_timeout_s, "startup_timeout_s",
-                                                  allow_none=False)
-        self.io_timeout_s = validate_seconds(io_timeout_s, "io_timeout_s")
-        if self.io_timeout_s == 0:
-            raise ValueError("io_timeout_s must be positive, or None for no limit")
-        self.restart_on_crash = bool(restart_on_crash)
-        self.vw_command = resolve_engine_command(vw_command)
-        self.argv = build_argv(self.vw_command, self.vw_args, predictions=not self.write_only,
-                               audit=self.audit_mode)
-        self._lines_per_example = AUDIT_LINES_PER_EXAMPLE if self.audit_mode else 1
-        self._pending = 0
+        VowpalWabbitBaseModel.__init__(self, formatter)
+        self._configure(formatter, vw_args, batch_size, write_only=write_only,
+                        audit_mode=audit_mode, vw_command=vw_command, metrics_hook=metrics_hook,
+                        startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
+                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
         self._broken: Optional[BaseException] = None
-        self._restart_count = 0
         # (thread id, token) of the call holding the process, guarded by _turn
         self._holder: Optional[Tuple[int, object]] = None
         self._turn = threading.Condition(threading.Lock())
-        self._engine = self._start_engine()
+        self._adopt(self._start_engine())
 
-    def _start_engine(self) -> EngineProcess:
-        engine = EngineProcess(
-            self.argv, startup_timeout_s=self.startup_timeout_s,
-            predictions_per_probe=None if self.write_only else self._lines_per_example)
+    def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None
+                      ) -> EngineProcess:
+        engine = start_engine(self.argv, self._outputs_per_line, self.startup_timeout_s, on_spawn)
         try:
             self._after_start(engine)
         except BaseException:
-            engine.close(1.0)
+            engine.abort()
             raise
-        self._engine = engine
         return engine
+
+    def _adopt(self, engine: EngineProcess) -> None:
+        self._engine = engine
+        self._channel = Channel(self._outputs_per_line)
+        self._owner_pid = engine.owner_pid
 
     # ------------------------------------------------------- subclass hooks
 
     def _after_start(self, engine: EngineProcess) -> None:
         """Prepare the pipes of a newly started engine."""
 
-    def _clear_in_flight(self, deadline: Optional[float]) -> bool:
-        """Read and discard what earlier calls left in flight, until ``deadline``.
-
-        :returns: whether nothing is left in flight
-        """
-        raise NotImplementedError()
-
-    def _forget_in_flight(self) -> None:
-        """Drop every trace of the old engine's pipes before a restart."""
-        self._pending = 0
-
     # -------------------------------------------------------------- status
 
     @property
     def pending_lines(self) -> int:
-        """Examples sent to the engine whose predictions have not been read."""
-        return self._pending
-
-    @property
-    def restart_count(self) -> int:
-        """How many times the engine was restarted (by :meth:`restart` or ``restart_on_crash``)."""
-        return self._restart_count
+        """Examples sent (or queued) to the engine whose predictions have not been read."""
+        return self._channel.in_flight_lines if self._channel is not None else 0
 
     @property
     def pid(self) -> Optional[int]:
         """The engine's process id."""
         return self._engine.pid if self._engine is not None else None
 
+    @property
+    def vw_process(self) -> Optional[Any]:
+        """The engine's :class:`subprocess.Popen` (subwabbit 2.x's attribute,
+        for its ``pid`` in health checks); ``None`` while no engine runs."""
+        return self._engine.proc if self._engine is not None else None
+
     def __repr__(self) -> str:
         if self._engine is None:
-            return f"<{type(self).__name__} not started>"
+            return f"<{type(self).__name__} no engine{' (closed)' if self._closed else ''}>"
         state = self._engine.describe()
         if self._engine.closed:
             state = f"closed, {state}"
         return (f"<{type(self).__name__} pid={self._engine.pid} {state} "
-                f"pending_lines={self._pending} argv={self.argv!r}>")
+                f"pending_lines={self.pending_lines} argv={self.argv!r}>")
 
     # -------------------------------------------------------- call control
 
-    def _engine_or_raise(self) -> EngineProcess:
-        engine = self._engine
-        if self._closed or engine is None:
+    def _engine_or_raise(self) -> Tuple[EngineProcess, Channel]:
+        engine, channel = self._engine, self._channel
+        if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._broken is not None:
             raise VowpalWabbitError(
@@ -170,14 +214,27 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
                 "be used; call restart() (or create the process with restart_on_crash=True) or "
                 f"close() it (cause: {self._broken.args[0]})"
             ) from self._broken
+        if engine is None or channel is None:
+            if self._in_forked_child():
+                raise self._fork_error()
+            raise VowpalWabbitError(f"{type(self).__name__} has no engine")
         if engine.closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        return engine
+        return engine, channel
+
+    def _needs_new_engine(self) -> bool:
+        if self._closed:
+            return False
+        if self._engine is None and self._in_forked_child():
+            return True
+        return self._broken is not None and self.restart_on_crash
 
     def _check_usable(self) -> None:
         """Raise now, at the call, what the call would raise once it starts."""
-        if self._broken is None or not self.restart_on_crash or self._closed:
+        if self._closed or not self._needs_new_engine():
             self._engine_or_raise()
+        elif self._engine is None and not self.restart_after_fork:
+            raise self._fork_error()
 
     def _wait_for_turn(self, token: object, wait_until: Optional[float]) -> bool:
         """Hold the process for the call ``token``, waiting for another thread's call.
@@ -215,77 +272,143 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
 
     def _begin_call(self, deadline: Optional[float] = None,
                     metrics: Optional[Dict[str, Any]] = None,
-                    quiet_deadline: bool = False) -> Optional[Tuple[object, bool]]:
-        """Take the process over for a new call: wait for other threads' calls,
-        restart a failed engine when allowed, clear earlier calls' leftovers.
+                    quiet_deadline: bool = False) -> Optional[object]:
+        """Take the process over for a new call: wait for other threads' calls
+        and make sure an engine is there (restarting one when allowed).
 
         :param deadline: the call's deadline, also the longest wait for the
             process (``io_timeout_s`` without one)
-        :param metrics: receives ``lock_wait_time`` and ``restarts``
+        :param metrics: receives ``lock_wait_time``, ``waited_for_other_call``
+            and ``restarts``
         :param quiet_deadline: return ``None`` instead of raising when the
-            deadline passes while waiting for another thread
-        :returns: the call's token and whether earlier calls' leftovers are all
-            cleared; ``None`` (with ``quiet_deadline``) when the deadline passed
+            deadline passes while waiting for another thread or for a
+            replacement engine
+        :returns: the call's token; ``None`` (with ``quiet_deadline``) when
+            the deadline passed
         :raises VowpalWabbitBusyError: when the process stayed held too long
         """
         began = time.perf_counter()
         token = object()
-        if not self._wait_for_turn(token, self._turn_limit(began, deadline)):
-            if metrics is not None:
-                metrics["lock_wait_time"] = time.perf_counter() - began
-                metrics["restarts"] = 0
+        contended = self._holder is not None and self._holder[0] != threading.get_ident()
+        held = self._wait_for_turn(token, self._turn_limit(began, deadline))
+        waited = time.perf_counter() - began
+        if metrics is not None:
+            metrics["lock_wait_time"] = waited
+        if contended:
+            self._note_contention(waited, metrics)
+        if not held:
             if quiet_deadline and deadline is not None:
                 return None
-            raise self._busy_error(time.perf_counter() - began)
+            raise self._busy_error(waited)
         try:
-            if metrics is not None:
-                metrics["lock_wait_time"] = time.perf_counter() - began
-                metrics["restarts"] = 0
-            if self._broken is not None and self.restart_on_crash and not self._closed:
-                self._restart_engine(f"the previous engine failed: {self._broken.args[0]}")
-                if metrics is not None:
-                    metrics["restarts"] = 1
+            if not self._ensure_engine(deadline, metrics):
+                if quiet_deadline and deadline is not None:
+                    self._end_turn(token)
+                    return None
             self._engine_or_raise()
-            cleared = self._pending == 0 or self._guard(self._clear_in_flight, deadline)
         except BaseException:
             self._end_turn(token)
             raise
-        return token, cleared
+        return token
+
+    def _ensure_engine(self, deadline: Optional[float],
+                       metrics: Optional[Dict[str, Any]]) -> bool:
+        """Start a replacement engine where one is due (after a failure with
+        ``restart_on_crash``, or in a forked child).
+
+        :returns: ``False`` when the replacement is not ready by ``deadline``
+        """
+        if not self._needs_new_engine():
+            return True
+        forked = self._broken is None  # else the engine failed
+        if forked:
+            if not self.restart_after_fork:
+                raise self._fork_error()
+            reason = f"this process ({os.getpid()}) is a fork of {self._owner_pid}"
+        else:
+            reason = f"the previous engine failed: {self._broken.args[0]}"  # type: ignore[union-attr]
+        if metrics is not None:
+            metrics["restarts"] = 1
+        if not self._background_restarts:
+            self._restart_engine(reason)
+            return True
+        replacement = self._replacement
+        if replacement is None:
+            old, self._engine = self._engine, None
+            logger.log(logging.INFO if forked else logging.WARNING,
+                       "starting a new vw engine in the background (%s)", reason)
+            replacement = self._replacement = _Replacement(self._start_engine, old)
+        wait_s = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        if not replacement.done.wait(wait_s):
+            return False
+        self._replacement = None
+        if replacement.error is not None:
+            raise replacement.error
+        assert replacement.engine is not None
+        self._adopt(replacement.engine)
+        self._broken = None
+        self._restart_count += 1
+        logger.log(logging.INFO if forked else logging.WARNING,
+                   "restarted the vw engine (%s): now vw[%s], restart #%d",
+                   reason, self.pid, self._restart_count)
+        return True
 
     @contextlib.contextmanager
     def _call(self, deadline: Optional[float] = None,
               metrics: Optional[Dict[str, Any]] = None) -> Iterator[object]:
         """Hold the process for a call that does all its work before returning."""
-        begun = self._begin_call(deadline, metrics)
-        assert begun is not None
+        token = self._begin_call(deadline, metrics)
         try:
-            yield begun[0]
+            yield token
         finally:
-            self._end_turn(begun[0])
+            self._end_turn(token)
 
-    def _check_token(self, token: object) -> None:
-        holder = self._holder
-        if holder is None or holder[1] is not token:
-            raise VowpalWabbitError(
-                "this predict() iterator was superseded by a later call on the same process; "
-                "its remaining predictions were discarded")
+    def _fail(self, exc: VowpalWabbitError) -> None:
+        """Remember an engine failure so that later calls refuse to guess
+        which prediction is whose; start a replacement at once when allowed."""
+        if self._engine is not None:
+            self._engine.add_context(exc)
+        self._broken = exc
+        logger.debug("the vw engine of %r failed: %s", self, exc.message)
+        if self.restart_on_crash and self._background_restarts and self._replacement is None \
+                and not self._closed:
+            old, self._engine = self._engine, None
+            self._replacement = _Replacement(self._start_engine, old)
 
-    def _guard(self, function: Callable[..., Any], *args: Any) -> Any:
-        """Run an engine operation; remember engine failures so that later
-        calls refuse to guess which prediction is whose."""
+    def _drive(self, engine: EngineProcess, exchange: Exchange,
+               detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:
+        """:func:`~subwabbit.sync_driver.drive`, remembering engine failures."""
+        runner = drive(engine, exchange, detailed)
+        while True:
+            try:
+                results = next(runner)
+            except StopIteration:
+                return
+            except ENGINE_FAILURES as exc:
+                self._fail(exc)
+                raise
+            yield results
+
+    def _run(self, exchange: Exchange) -> List[Any]:
+        """Run an exchange on the engine to its end; return its results."""
+        engine = self._engine
+        assert engine is not None
+        results: List[Any] = []
         try:
-            return function(*args)
-        except (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                VowpalWabbitTimeoutError) as exc:
-            self._broken = exc
-            logger.error("the vw engine of %r failed: %s", self, exc.message)
-            raise
+            for part in self._drive(engine, exchange):
+                results += part
+        finally:
+            exchange.end()
+        return results
 
     # ------------------------------------------------------------- restart
 
     def _restart_engine(self, reason: str, timeout: float = 5.0) -> None:
         old = self._engine
         old_pid = old.pid if old is not None else None
+        if self._replacement is not None:
+            self._replacement.cancel(timeout)
+            self._replacement = None
         if old is not None and not old.closed:
             if self._broken is not None:
                 # A failed engine has nothing worth waiting for: it is dead, or
@@ -295,12 +418,11 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
                 old.close(timeout)
             except VowpalWabbitError as exc:
                 logger.warning("the replaced vw engine failed: %s", exc)
-        self._forget_in_flight()
+        self._engine = self._channel = None
         try:
-            self._start_engine()
+            self._adopt(self._start_engine())
         except VowpalWabbitError as exc:
             self._broken = exc
-            logger.error("restarting the vw engine failed: %s", exc)
             raise
         self._broken = None
         self._restart_count += 1
@@ -329,81 +451,99 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         try:
             if self._closed:
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            if self._in_forked_child() and self._engine is None:
+                self._owner_pid = os.getpid()
             self._restart_engine("restart() was called", timeout)
         finally:
             self._end_turn(token)
 
-    def _finish_call(self, method: str, metrics: Optional[Dict[str, Any]]) -> None:
-        if self.metrics_hook is None or metrics is None:
-            return
-        metrics.setdefault("method", method)
+    # ------------------------------------------------------------ predict
+
+    def predict(self, common_features: Any, items_features: Iterable[Any],
+                timeout: Optional[float] = None, debug_info: Any = None,
+                metrics: Optional[Dict[str, Any]] = None,
+                detailed_metrics: Optional[Dict[str, Any]] = None) -> Iterator[Any]:
+        """Predictions for the items, in item order (see the subclasses)."""
+        start = time.perf_counter()
+        deadline = deadline_from_timeout(timeout, start=start)
+        self._require_predictions("predict")
+        self._check_usable()
+        metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
+        return self._predict(start, deadline, common_features, items_features, debug_info,
+                             metrics, detailed_metrics)
+
+    def _predict(self, start: float, deadline: Optional[float], common_features: Any,
+                 items_features: Iterable[Any], debug_info: Any,
+                 metrics: Optional[Dict[str, Any]],
+                 detailed: Optional[Dict[str, Any]]) -> Iterator[Any]:
+        # pylint: disable=too-many-locals
+        clock = time.perf_counter
+        yielded = 0
+        token: Optional[object] = None
+        exchange: Optional[PredictExchange] = None
+        pacing = self._pacing()
         try:
-            self.metrics_hook(metrics)
-        except Exception:  # pylint: disable=broad-except
-            logger.exception("metrics_hook raised; ignoring it")
+            token = self._begin_call(deadline, metrics, quiet_deadline=True)
+            if token is None:
+                return
+            engine, channel = self._engine_or_raise()
+            common_part = format_common_part(self.formatter, common_features, debug_info)
+            call = channel.begin()
+            if metrics is not None:
+                metrics["prepare_time"] = clock() - start
+                if pacing.hard_deadline:
+                    metrics["before_cleanup_pending_lines"] = channel.stale_lines
+            exchange = PredictExchange(
+                channel, call, formatter=self.formatter, common_part=common_part,
+                common_features=common_features, items=items_features, debug_info=debug_info,
+                parse=self.parse_predictions, pacing=pacing, deadline=deadline,
+                idle_s=self.io_timeout_s, detailed=detailed, clock=clock)
+            for predictions in self._drive(engine, exchange, detailed):
+                for prediction in predictions:
+                    yielded += 1  # counted before the caller can stop at this yield
+                    yield prediction
+        finally:
+            if exchange is not None:
+                if metrics is not None and pacing.hard_deadline:
+                    cleared = exchange.cleared_at
+                    metrics["cleanup_time"] = (clock() if cleared is None else
+                                               max(cleared, start)) - start
+                    metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
+                exchange.end()
+            elif metrics is not None and pacing.hard_deadline:
+                metrics.setdefault("before_cleanup_pending_lines", self.pending_lines)
+                metrics["cleanup_time"] = clock() - start
+                metrics["after_cleanup_pending_lines"] = self.pending_lines
+            if token is not None:
+                self._end_turn(token)
+            if metrics is not None:
+                metrics["num_lines"] = yielded
+                metrics["total_time"] = clock() - start
+            self._finish_call("predict", metrics)
 
-    def _prepare_metrics(self, metrics: Optional[Dict[str, Any]],
-                         detailed: Optional[Dict[str, Any]],
-                         detailed_keys: Sequence[str]) -> Optional[Dict[str, Any]]:
-        """Reset the caller's metrics dicts for a new call; with a hook and no
-        dict of the caller's, make one so the hook still gets the metrics."""
-        if metrics is None and self.metrics_hook is not None:
-            metrics = {}
-        if metrics is not None:
-            metrics["num_lines"] = 0
-        if detailed is not None:
-            for key in detailed_keys:
-                detailed[key] = []
-        return metrics
+    # -------------------------------------------------------------- train
 
-    def _require_predictions(self, method: str) -> None:
-        if self.write_only:
-            raise VowpalWabbitError(f"{method}() needs predictions, but this process is "
-                                    "write-only (write_only=True)")
+    def train(self, common_features: Any, items_features: Iterable[Any],
+              labels: Iterable[Label], weights: Iterable[Optional[float]],
+              debug_info: Any = None) -> None:
+        """Learn from labelled items (see the subclasses)."""
+        start = time.perf_counter()
         if self.audit_mode:
-            raise VowpalWabbitError(f"{method}() is not available in audit mode; "
-                                    "use explain_vw_line()")
-
-    # ------------------------------------------------------------ training
-
-    def _format_training_lines(self, common_features: Any, items_features: Any, labels: Any,
-                               weights: Any, debug_info: Any) -> List[str]:
-        """Format and check every labelled example before anything is sent."""
-        items, labels, weights = list(items_features), list(labels), list(weights)
-        if not len(items) == len(labels) == len(weights):
-            raise ValueError(f"items_features, labels and weights differ in length: "
-                             f"{len(items)}, {len(labels)}, {len(weights)}")
-        for index, label in enumerate(labels):
-            _check_label(label, index)
-        for index, weight in enumerate(weights):
-            if weight is not None:
-                _check_number(weight, f"weights[{index}]")
-                if weight < 0:
-                    raise ValueError(f"weights[{index}] is negative: {weight!r}")
-        formatter = self.formatter
-        common = formatter.format_common_features(common_features, debug_info=debug_info)
-        check_line_part(common, "the formatted common features")
-        lines = [
-            formatter.get_formatted_example(
-                common, formatter.format_item_features(common_features, item, debug_info=debug_info),
-                label=label, weight=weight, debug_info=debug_info)
-            for item, label, weight in zip(items, labels, weights)]
-        for index, line in enumerate(lines):
-            check_line(line, index)
-        return lines
-
-    def _train_metrics(self) -> Optional[Dict[str, Any]]:
-        """A metrics dict for a ``train`` call, when a hook will receive it."""
-        return None if self.metrics_hook is None else {}
-
-    def _finish_train(self, metrics: Optional[Dict[str, Any]], start: float,
-                      num_lines: int) -> None:
-        """Hand a ``train`` call's metrics to the hook, however the call ended;
-        ``num_lines`` is 0 when it failed."""
-        if metrics is not None:
-            metrics["num_lines"] = num_lines
-            metrics["total_time"] = time.perf_counter() - start
-        self._finish_call("train", metrics)
+            raise VowpalWabbitError("train() is not available in audit mode; use explain_vw_line()")
+        self._check_usable()
+        lines = self._format_training_lines(common_features, items_features, labels, weights,
+                                            debug_info)
+        metrics = self._train_metrics()
+        learnt = 0
+        try:
+            with self._call(None, metrics):
+                _, channel = self._engine_or_raise()
+                if lines:
+                    self._run(SendExchange(channel, channel.begin(keep=False), lines,
+                                           self.io_timeout_s))
+            learnt = len(lines)
+        finally:
+            self._finish_train(metrics, start, learnt)
 
     # ---------------------------------------------------- save and explain
 
@@ -429,8 +569,37 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         deadline = deadline_from_timeout(timeout)
         self._check_usable()
         with self._call(deadline):
-            self._guard(self._engine_or_raise().save_model, str(path), deadline,
-                        None if self.write_only else self._lines_per_example, self.io_timeout_s)
+            engine, channel = self._engine_or_raise()
+            save = ModelSave(str(path))
+            try:
+                exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
+                                         self.io_timeout_s, control=save.command,
+                                         probe=not self.write_only)
+                self._run(exchange)
+                if exchange.timed_out:
+                    error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
+                    self._fail(error)
+                    raise error
+                if self.write_only:
+                    # A write-only engine has at most a pipe's worth of examples
+                    # to learn before the save: io_timeout_s bounds the whole wait.
+                    limit = deadline
+                    if self.io_timeout_s is not None:
+                        idle_end = time.perf_counter() + self.io_timeout_s
+                        limit = idle_end if limit is None else min(limit, idle_end)
+                    try:
+                        wait_for_file(engine, save.written, limit,
+                                      f"saving the model to {save.target}")
+                    except ENGINE_FAILURES as exc:
+                        self._fail(exc)
+                        raise
+                if not save.finish():
+                    raise VowpalWabbitError(f"the vw engine did not write its model to "
+                                            f"{save.target}", argv=self.argv,
+                                            stderr_tail=engine.stderr_tail())
+            finally:
+                save.clean_up()
+        logger.info("vw[%d] saved its model to %s", engine.pid, save.target)
 
     def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Tuple[float, str]:
         """Audit one example: its raw score and the features that made it.
@@ -453,17 +622,34 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         if not self.audit_mode:
             raise VowpalWabbitError("explain_vw_line() needs a process created with audit_mode=True")
         check_line(vw_line)
-        data = encode_lines([vw_line])
         self._check_usable()
         with self._call():
-            engine = self._engine_or_raise()
-            self._guard(engine.write_all, data, None, self.io_timeout_s)
-            self._pending += 1
-            raw, features, _prediction = self._guard(engine.read_lines, AUDIT_LINES_PER_EXAMPLE,
-                                                     None, self.io_timeout_s)
-            self._pending -= 1
-            score = self._guard(parse_scalar, raw)
+            _, channel = self._engine_or_raise()
+            exchange = AuditExchange(channel, channel.begin(), vw_line, self.io_timeout_s)
+            self._run(exchange)
+            raw, features, _prediction = exchange.answer
+            try:
+                score = parse_scalar(raw)
+            except VowpalWabbitProtocolError as exc:
+                self._fail(exc)
+                raise
         return score, features.decode("utf-8", "replace").strip("\t\r ")
+
+    def _cleanup(self, deadline: Optional[float]) -> bool:
+        """Read and discard earlier calls' leftovers until ``deadline``."""
+        token = self._begin_call(deadline, quiet_deadline=True)
+        if token is None:
+            return False
+        try:
+            _, channel = self._engine_or_raise()
+            if not channel.stale_lines:
+                return True
+            exchange = CleanupExchange(channel, channel.begin(keep=False), deadline,
+                                       self.io_timeout_s)
+            self._run(exchange)
+            return not channel.stale_lines
+        finally:
+            self._end_turn(token)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -472,7 +658,8 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         ``-f`` model), then SIGTERM and SIGKILL it if it has not exited near
         the end of ``timeout``. Returns within ``timeout`` seconds (another
         thread's running call is given half of it to finish first). Closing
-        twice is harmless.
+        twice is harmless. In a forked child it only lets go of the parent's
+        engine.
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
@@ -492,6 +679,9 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
             held = self._wait_for_turn(token, began + timeout * 0.75)
         try:
             self._closed = True
+            replacement, self._replacement = self._replacement, None
+            if replacement is not None:
+                replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
         finally:
@@ -513,24 +703,17 @@ class VowpalWabbitProcessModel(VowpalWabbitBaseModel):
         engine = getattr(self, "_engine", None)
         if engine is not None and not engine.closed:
             engine.release()
+        replacement = getattr(self, "_replacement", None)
+        if replacement is not None and replacement.engine is not None \
+                and not replacement.engine.closed:
+            replacement.engine.release()
 
-
-def _check_number(value: Any, what: str) -> None:
-    kind = type(value)
-    if kind is int:
-        return
-    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be finite, got {value!r}")
-
-
-def _check_label(label: Label, index: int) -> None:
-    if isinstance(label, str):
-        if not label or any(ch.isspace() or ch in "|" for ch in label):
-            raise ValueError(f"labels[{index}] must be a non-empty label without spaces or '|', "
-                             f"got {label!r}")
-        return
-    _check_number(label, f"labels[{index}]")
+    def _after_fork_in_child(self) -> None:
+        self._turn = threading.Condition(threading.Lock())
+        self._holder = None
+        if self._engine is not None:
+            self._engine.abandon_in_fork()
+        if self._replacement is not None:
+            self._replacement.abandon_in_fork()
+        self._engine = self._channel = self._replacement = None
+        self._broken = None

@@ -1,0 +1,271 @@
+"""What every client class shares apart from I/O: checking its settings,
+building the engine's command line, metrics, the metrics hook, preparing
+training lines, and knowing which process it belongs to (fork safety).
+
+The blocking and nonblocking classes (:mod:`subwabbit.process_model`) and
+the asyncio class (:mod:`subwabbit.asyncio_process`) build on
+:class:`ClientBase`, the way httpx's ``Client`` and ``AsyncClient`` share a
+base: the I/O is theirs, everything else is here once.
+"""
+
+import logging
+import math
+import numbers
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from .base import Label
+from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
+from .core.exchanges import Pacing, check_item_parts, format_common_part
+from .deadlines import validate_seconds
+from .errors import VowpalWabbitError
+from .lines import check_line
+
+logger = logging.getLogger("subwabbit")
+
+#: Receives each call's metrics dict when the call ends, however it ended.
+MetricsHook = Callable[[Dict[str, Any]], None]
+
+#: Default of ``io_timeout_s``: generous, so that only an engine that has
+#: stopped or hung trips it (a busy engine answers a batch in milliseconds).
+DEFAULT_IO_TIMEOUT_S = 30.0
+
+#: Lines of engine output per example in audit mode (with ``-p``): the raw
+#: score, the features, the prediction.
+AUDIT_LINES_PER_EXAMPLE = 3
+
+#: How often, at most, a client logs that calls wait for one another.
+CONTENTION_LOG_INTERVAL_S = 60.0
+
+_FORMATTER_METHODS = ("format_common_features", "format_item_features")
+
+
+class ClientBase:
+    """Settings and I/O-free behaviour of a client of one engine.
+
+    :param formatter: an object with ``format_common_features`` and
+        ``format_item_features`` (normally a
+        :class:`~subwabbit.base.VowpalWabbitBaseFormatter`)
+    :param restart_after_fork: in a process forked after this object was
+        created, start a new engine at the first call (``True``) or raise
+        :class:`~subwabbit.errors.VowpalWabbitError` (``False``)
+    """
+
+    def _configure(self, formatter: Any, vw_args: VwArgs, batch_size: int, *,
+                   write_only: bool, audit_mode: bool,
+                   vw_command: Union[str, Sequence[str], None],
+                   metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
+                   io_timeout_s: Optional[float], restart_on_crash: bool,
+                   restart_after_fork: bool) -> None:
+        missing = [name for name in _FORMATTER_METHODS
+                   if not callable(getattr(formatter, name, None))]
+        if missing:
+            raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
+                            f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
+                            f"{', '.join(missing)}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if write_only and audit_mode:
+            raise ValueError("write_only and audit_mode exclude each other: audit mode reads "
+                             "the engine's output")
+        if metrics_hook is not None and not callable(metrics_hook):
+            raise TypeError("metrics_hook must be callable")
+        self.formatter = formatter
+        self.vw_args = normalize_vw_args(vw_args)
+        self.batch_size = batch_size
+        self.write_only = bool(write_only)
+        self.audit_mode = bool(audit_mode)
+        self.metrics_hook = metrics_hook
+        self.startup_timeout_s = validate_seconds(startup_timeout_s, "startup_timeout_s",
+                                                  allow_none=False)
+        self.io_timeout_s = validate_seconds(io_timeout_s, "io_timeout_s")
+        if self.io_timeout_s == 0:
+            raise ValueError("io_timeout_s must be positive, or None for no limit")
+        self.restart_on_crash = bool(restart_on_crash)
+        self.restart_after_fork = bool(restart_after_fork)
+        self.vw_command = resolve_engine_command(vw_command)
+        self.argv = build_argv(self.vw_command, self.vw_args, predictions=not self.write_only,
+                               audit=self.audit_mode)
+        self._outputs_per_line = (0 if self.write_only else
+                                  AUDIT_LINES_PER_EXAMPLE if self.audit_mode else 1)
+        self._restart_count = 0
+        #: the process this object's engine belongs to
+        self._owner_pid = os.getpid()
+        self._last_contention_log = -math.inf
+        _track_for_fork(self)
+
+    # --------------------------------------------------------------- status
+
+    @property
+    def restart_count(self) -> int:
+        """How many times the engine was restarted (by :meth:`restart`,
+        ``restart_on_crash`` or after a fork)."""
+        return self._restart_count
+
+    # ----------------------------------------------------------- pacing
+
+    def _pacing(self) -> Pacing:
+        """How ``predict`` feeds the engine; the classes set their own."""
+        raise NotImplementedError()
+
+    # ------------------------------------------------------------- metrics
+
+    def _prepare_metrics(self, metrics: Optional[Dict[str, Any]],
+                         detailed: Optional[Dict[str, Any]],
+                         detailed_keys: Sequence[str]) -> Optional[Dict[str, Any]]:
+        """Reset the caller's metrics dicts for a new call; with a hook and no
+        dict of the caller's, make one so the hook still gets the metrics."""
+        if metrics is None and self.metrics_hook is not None:
+            metrics = {}
+        if metrics is not None:
+            metrics["num_lines"] = 0
+            metrics["restarts"] = 0
+            metrics["lock_wait_time"] = 0.0
+            metrics["waited_for_other_call"] = 0
+        if detailed is not None:
+            for key in detailed_keys:
+                detailed[key] = []
+        return metrics
+
+    def _finish_call(self, method: str, metrics: Optional[Dict[str, Any]]) -> None:
+        if self.metrics_hook is None or metrics is None:
+            return
+        metrics.setdefault("method", method)
+        try:
+            self.metrics_hook(metrics)
+        except Exception:  # pylint: disable=broad-except
+            logger.exception("metrics_hook raised; ignoring it")
+
+    def _note_contention(self, waited_s: float, metrics: Optional[Dict[str, Any]]) -> None:
+        """Count and (once a minute at most) log that a call waited for another."""
+        if metrics is not None:
+            metrics["waited_for_other_call"] = 1
+        now = time.monotonic()
+        if now - self._last_contention_log >= CONTENTION_LOG_INTERVAL_S:
+            self._last_contention_log = now
+            logger.warning(
+                "a call on %s waited %.3g s for another call on the same object; calls on one "
+                "object are served one at a time: use one object per thread or task (or a "
+                "pool of engines) for concurrent requests", type(self).__name__, waited_s)
+
+    def _require_predictions(self, method: str) -> None:
+        if self.write_only:
+            raise VowpalWabbitError(f"{method}() needs predictions, but this process is "
+                                    "write-only (write_only=True)")
+        if self.audit_mode:
+            raise VowpalWabbitError(f"{method}() is not available in audit mode; "
+                                    "use explain_vw_line()")
+
+    # ------------------------------------------------------------ training
+
+    def _format_training_lines(self, common_features: Any, items_features: Any, labels: Any,
+                               weights: Any, debug_info: Any) -> List[str]:
+        """Format and check every labelled example before anything is sent."""
+        items, labels, weights = list(items_features), list(labels), list(weights)
+        if not len(items) == len(labels) == len(weights):
+            raise ValueError(f"items_features, labels and weights differ in length: "
+                             f"{len(items)}, {len(labels)}, {len(weights)}")
+        for index, label in enumerate(labels):
+            _check_label(label, index)
+        for index, weight in enumerate(weights):
+            if weight is not None:
+                _check_number(weight, f"weights[{index}]")
+                if weight < 0:
+                    raise ValueError(f"weights[{index}] is negative: {weight!r}")
+        formatter = self.formatter
+        common = format_common_part(formatter, common_features, debug_info)
+        parts = [formatter.format_item_features(common_features, item, debug_info=debug_info)
+                 for item in items]
+        check_item_parts(parts)
+        join = getattr(formatter, "get_formatted_example", None)
+        if join is None:
+            from .base import VowpalWabbitBaseFormatter  # pylint: disable=import-outside-toplevel
+            join = VowpalWabbitBaseFormatter.get_formatted_example.__get__(formatter)
+        lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
+                 for part, label, weight in zip(parts, labels, weights)]
+        for index, line in enumerate(lines):
+            check_line(line, index)
+        return lines
+
+    def _train_metrics(self) -> Optional[Dict[str, Any]]:
+        """A metrics dict for a ``train`` call, when a hook will receive it."""
+        return None if self.metrics_hook is None else {}
+
+    def _finish_train(self, metrics: Optional[Dict[str, Any]], start: float,
+                      num_lines: int) -> None:
+        """Hand a ``train`` call's metrics to the hook, however the call ended;
+        ``num_lines`` is 0 when it failed."""
+        if metrics is not None:
+            metrics["num_lines"] = num_lines
+            metrics["total_time"] = time.perf_counter() - start
+        self._finish_call("train", metrics)
+
+    # ----------------------------------------------------------------- fork
+
+    def _in_forked_child(self) -> bool:
+        """Whether this process is not the one the engine belongs to."""
+        return os.getpid() != self._owner_pid
+
+    def _fork_error(self) -> VowpalWabbitError:
+        return VowpalWabbitError(
+            f"this {type(self).__name__} was created in process {self._owner_pid} and this "
+            f"process ({os.getpid()}) is a fork of it; its engine belongs to the parent. Create "
+            "the object after the fork, or pass restart_after_fork=True to start a new engine "
+            "here at the first call")
+
+    def _after_fork_in_child(self) -> None:
+        """Let go of the parent's engine (see :func:`_track_for_fork`)."""
+        raise NotImplementedError()
+
+
+# ---------------------------------------------------------------- fork safety
+
+_LIVE_CLIENTS: "weakref.WeakSet[ClientBase]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _track_for_fork(client: ClientBase) -> None:
+    with _LIVE_LOCK:
+        _LIVE_CLIENTS.add(client)
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, every client lets go of its parent's engine at once:
+    it closes only its own copies of the pipes (so that the parent's engine
+    still sees EOF when the parent closes it), and resets its locks, which
+    another thread of the parent may have held at the fork."""
+    global _LIVE_LOCK  # pylint: disable=global-statement
+    _LIVE_LOCK = threading.Lock()
+    for client in list(_LIVE_CLIENTS):
+        try:
+            client._after_fork_in_child()  # pylint: disable=protected-access
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_number(value: Any, what: str) -> None:
+    kind = type(value)
+    if kind is int:
+        return
+    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value!r}")
+
+
+def _check_label(label: Label, index: int) -> None:
+    if isinstance(label, str):
+        if not label or any(ch.isspace() or ch in "|" for ch in label):
+            raise ValueError(f"labels[{index}] must be a non-empty label without spaces or '|', "
+                             f"got {label!r}")
+        return
+    _check_number(label, f"labels[{index}]")

@@ -1,0 +1,361 @@
+"""One engine's input and output streams, and whose each answer is.
+
+The engine answers every example line with a fixed number of output lines
+(1, or 3 in audit mode; none for a write-only engine), in the order the lines
+were written. A :class:`Channel` therefore keeps, in input order, a queue of
+*segments*: runs of lines queued together by one call, with the byte range
+they occupy in the input stream and the number of output lines still owed.
+Each output line the engine prints goes to the oldest segment still owed one:
+
+* the segment of the call in progress: the line is that call's answer;
+* the segment of a call that has ended (finished early, timed out, was
+  abandoned or cancelled): the line is read and thrown away.
+
+When a call ends, its lines that have not reached the engine at all are
+forgotten (never written, so never answered); a line that is partly written
+is completed, since the engine would otherwise read it glued to the next one.
+Nothing here does I/O: :meth:`Channel.write_with` hands the bytes to a
+function of the driver, :meth:`Channel.receive` takes what the driver read.
+"""
+
+import collections
+from typing import Callable, Deque, List, Optional
+
+from ..errors import VowpalWabbitError, VowpalWabbitProtocolError
+from ..lines import encode_lines
+
+#: A featureless, unlabelled example: it produces exactly one prediction and
+#: teaches the model nothing. Used to see that the engine is alive and to
+#: mark a point in the output stream (after a save, say).
+PROBE_LINE = b"|\n"
+
+#: Kinds of segments.
+EXAMPLES = "examples"
+PROBE = "probe"
+CONTROL = "control"
+
+# Written bytes are cut from the front of the buffer once this many have gathered.
+_COMPACT_BYTES = 1 << 16
+
+
+class _Segment:
+    """Lines queued together by one call."""
+
+    __slots__ = ("call", "kind", "lines", "owed", "start", "end")
+
+    def __init__(self, call: Optional["Call"], kind: str, lines: int, owed: int, start: int,
+                 end: int) -> None:
+        self.call = call      # None once the call has ended: its answers are discarded
+        self.kind = kind
+        self.lines = lines    # example lines in the segment (what pacing counts)
+        self.owed = owed      # output lines the engine still owes for it
+        self.start = start    # stream positions of its bytes in the engine's input
+        self.end = end
+
+
+class Call:
+    """One call's share of a channel: the lines it queued and the answers it is owed.
+
+    A call is *active* from :meth:`Channel.begin` until :meth:`Channel.end`
+    (or until a later call begins, which ends it). Only an active call
+    receives answers; an ended call's answers are discarded.
+    """
+
+    __slots__ = ("channel", "active", "keep", "answers", "probe_answers", "queued_lines",
+                 "owed_lines", "superseded")
+
+    def __init__(self, channel: "Channel", keep: bool) -> None:
+        self.channel = channel
+        self.active = True
+        self.superseded = False
+        #: whether the answers to its examples are kept (``False`` for training)
+        self.keep = keep
+        #: raw output lines owed to this call, in order, not yet taken
+        self.answers: List[bytes] = []
+        #: raw output lines that answered this call's probes
+        self.probe_answers: List[bytes] = []
+        #: example lines this call has queued in all
+        self.queued_lines = 0
+        #: example and probe lines of this call whose answers have not all arrived
+        self.owed_lines = 0
+
+    def check_active(self) -> None:
+        """Raise if this call has ended: nothing it would read is its own any more.
+
+        :raises VowpalWabbitError: when a later call superseded it, or it ended
+        """
+        if not self.active:
+            if self.superseded:
+                raise VowpalWabbitError(
+                    "this predict() iterator was superseded by a later call on the same "
+                    "process; its remaining predictions were discarded")
+            raise VowpalWabbitError("this call has ended")
+
+    def queue_lines(self, lines: List[str]) -> int:
+        """Check and encode formatted examples and queue them for the engine.
+
+        :param lines: formatted examples without newlines
+        :returns: how many lines were queued
+        :raises ValueError: when a line is not exactly one example (nothing is queued)
+        """
+        self.check_active()
+        data = encode_lines(lines, self.queued_lines)
+        if data:
+            self.channel._queue(self, EXAMPLES, data, len(lines))
+            self.queued_lines += len(lines)
+        return len(lines)
+
+    def queue_probe(self) -> None:
+        """Queue :data:`PROBE_LINE`; its answer goes to :attr:`probe_answers`."""
+        self.check_active()
+        self.channel._queue(self, PROBE, PROBE_LINE, 1)
+
+    def queue_control(self, data: bytes) -> None:
+        """Queue a line the engine answers with nothing (its save command).
+
+        :param data: one line, newline included
+        """
+        self.check_active()
+        if data.count(b"\n") != 1 or not data.endswith(b"\n"):
+            raise ValueError(f"a control line must be one line: {data!r}")
+        self.channel._queue(self, CONTROL, data, 0)
+
+    def take_answers(self) -> List[bytes]:
+        """The raw answers that arrived for this call since the last take,
+        whole examples only (groups of :attr:`Channel.outputs_per_line` lines)."""
+        answers = self.answers
+        per_line = self.channel.outputs_per_line
+        if per_line == 1 or len(answers) % per_line == 0:
+            self.answers = []
+            return answers
+        whole = len(answers) - len(answers) % per_line
+        self.answers = answers[whole:]
+        return answers[:whole]
+
+
+class Channel:
+    """The input and output streams of one engine, and who is owed each answer.
+
+    :param outputs_per_line: output lines the engine prints per example line:
+        1, 3 in audit mode, 0 for a write-only engine (which prints nothing)
+    """
+
+    def __init__(self, outputs_per_line: int = 1) -> None:
+        if outputs_per_line < 0:
+            raise ValueError("outputs_per_line must not be negative")
+        self.outputs_per_line = outputs_per_line
+        self._out = bytearray()   # bytes queued and not yet cut off after writing
+        self._out_off = 0         # index in _out of the first byte not written
+        self._out_base = 0        # stream position of _out[0]
+        self._partial = b""       # the start of an output line whose newline has not come
+        self._segments: Deque[_Segment] = collections.deque()
+        self._current: Optional[Call] = None
+        #: example and probe lines whose answers have not all arrived (all calls)
+        self.in_flight_lines = 0
+        #: of those, the lines of calls that have ended
+        self.stale_lines = 0
+        #: bytes written, bytes and lines received so far (progress counts)
+        self.bytes_written = 0
+        self.bytes_received = 0
+        self.lines_received = 0
+
+    # ----------------------------------------------------------------- calls
+
+    @property
+    def current(self) -> Optional[Call]:
+        """The active call, if any."""
+        return self._current
+
+    def begin(self, keep: bool = True) -> Call:
+        """Start a call; an active earlier call is ended (superseded) first.
+
+        :param keep: keep the answers to the call's examples (``False``: discard them)
+        """
+        if self._current is not None:
+            self._current.superseded = True
+            self.end(self._current)
+        call = Call(self, keep)
+        self._current = call
+        return call
+
+    def end(self, call: Call) -> None:
+        """End ``call``: forget its lines that never reached the engine, and
+        discard the answers it is still owed. Idempotent."""
+        if not call.active:
+            return
+        call.active = False
+        if self._current is call:
+            self._current = None
+        self.forget_unwritten(call)
+        for segment in self._segments:
+            if segment.call is call:
+                segment.call = None
+                if segment.owed:
+                    self.stale_lines += -(-segment.owed // max(1, self.outputs_per_line))
+        call.owed_lines = 0
+        call.answers = []
+
+    def forget_unwritten(self, call: Call) -> None:
+        """Forget the lines at the end of the input that ``call`` queued and
+        no byte of which has been written (a partly written line is kept
+        whole): they will never reach the engine, so nothing is owed for them."""
+        written = self._out_base + self._out_off
+        segments = self._segments
+        per_line = self.outputs_per_line
+        while segments and segments[-1].call is call and segments[-1].end > written:
+            segment = segments[-1]
+            partly_written = segment.start < written
+            if not partly_written:
+                cut = segment.start
+                dropped = segment.lines
+                segments.pop()
+            else:
+                index = self._out_off
+                # The buffer starts on a line boundary, so index 0 is one.
+                if index == 0 or self._out[index - 1] == 0x0A:
+                    cut = written
+                else:
+                    cut = self._out_base + self._out.index(b"\n", index) + 1
+                dropped = self._out.count(b"\n", cut - self._out_base,
+                                          segment.end - self._out_base)
+                segment.end = cut
+                segment.lines -= dropped
+            if segment.kind != CONTROL and per_line:
+                segment.owed -= dropped * per_line
+                self.in_flight_lines -= dropped
+                call.owed_lines -= dropped
+            if segment.kind == EXAMPLES:
+                call.queued_lines -= dropped
+            del self._out[cut - self._out_base:]
+            if partly_written:
+                break
+        self._pop_settled()
+
+    def _queue(self, call: Call, kind: str, data: bytes, lines: int) -> None:
+        start = self._out_base + len(self._out)
+        self._out += data
+        per_line = self.outputs_per_line
+        owed = 0 if kind == CONTROL else lines * per_line
+        self._segments.append(_Segment(call, kind, lines, owed, start, start + len(data)))
+        if owed:
+            self.in_flight_lines += lines
+            call.owed_lines += lines
+
+    # ------------------------------------------------------------- writing
+
+    @property
+    def unwritten_bytes(self) -> int:
+        """Bytes queued that the engine has not been given yet."""
+        return len(self._out) - self._out_off
+
+    def write_with(self, write: Callable[[memoryview], int]) -> int:
+        """Give the unwritten bytes to ``write`` (the driver's non-blocking
+        write), and advance by what it took.
+
+        The view passed to ``write`` is released before this returns, even
+        when ``write`` raises, so the buffer can always grow or be cleared.
+
+        :param write: takes a view of the bytes, returns how many it wrote
+        :returns: the number of bytes written
+        """
+        if self._out_off >= len(self._out):
+            return 0
+        with memoryview(self._out) as whole, whole[self._out_off:] as view:
+            written = write(view)
+        if written:
+            self._wrote(written)
+        return written
+
+    def _wrote(self, count: int) -> None:
+        self._out_off += count
+        self.bytes_written += count
+        if self._out_off == len(self._out):
+            self._out_base += len(self._out)
+            del self._out[:]
+            self._out_off = 0
+        elif self._out_off > _COMPACT_BYTES:
+            # Cut on a line boundary: the buffer always starts at one.
+            cut = self._out.rfind(b"\n", 0, self._out_off) + 1
+            if cut:
+                self._out_base += cut
+                del self._out[:cut]
+                self._out_off -= cut
+        self._pop_settled()
+
+    def _pop_settled(self) -> None:
+        """Forget segments that are written and answered."""
+        segments = self._segments
+        written = self._out_base + self._out_off
+        while segments and not segments[0].owed and segments[0].end <= written:
+            segments.popleft()
+
+    # ------------------------------------------------------------- reading
+
+    @property
+    def expects_output(self) -> bool:
+        """Whether the engine owes any output line."""
+        return self.in_flight_lines > 0
+
+    def receive(self, data: bytes) -> int:
+        """Take bytes the engine printed and hand each complete line to its owner.
+
+        :param data: what one read returned (not empty: EOF is the driver's to report)
+        :returns: the number of complete lines received
+        :raises VowpalWabbitProtocolError: when the engine printed a line nobody
+            is owed (the stream can no longer be matched to the calls)
+        """
+        self.bytes_received += len(data)
+        if self._partial:
+            data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if not lines:
+            return 0
+        self._hand_out(lines)
+        return len(lines)
+
+    def _hand_out(self, lines: List[bytes]) -> None:
+        segments = self._segments
+        per_line = self.outputs_per_line
+        count = len(lines)
+        index = 0
+        self.lines_received += count
+        while index < count:
+            segment = next((s for s in segments if s.owed), None)
+            if segment is None:
+                raise VowpalWabbitProtocolError(
+                    f"the vw engine printed {lines[index][:200]!r} where no answer was expected")
+            take = min(segment.owed, count - index)
+            owner = segment.call
+            owed_before = segment.owed
+            segment.owed -= take
+            if per_line == 1:
+                answered = take
+            else:  # an example counts as answered with its last output line
+                answered = (-(-owed_before // per_line)) - (-(-segment.owed // per_line))
+            self.in_flight_lines -= answered
+            if owner is None:
+                self.stale_lines -= answered
+            else:
+                owner.owed_lines -= answered
+                if segment.kind == PROBE:
+                    owner.probe_answers.extend(lines[index:index + take])
+                elif owner.keep:
+                    if index == 0 and take == count:
+                        owner.answers.extend(lines)
+                    else:
+                        owner.answers.extend(lines[index:index + take])
+            index += take
+            if not segment.owed:
+                self._pop_settled()
+
+    # --------------------------------------------------------------- status
+
+    def describe(self) -> str:
+        """A short account of the channel for reprs and logs."""
+        return (f"in_flight_lines={self.in_flight_lines} stale_lines={self.stale_lines} "
+                f"unwritten_bytes={self.unwritten_bytes}")
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.describe()}>"
+

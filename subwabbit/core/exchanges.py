@@ -1,0 +1,366 @@
+"""What one call does, step by step, without I/O.
+
+An *exchange* drives one :class:`~subwabbit.core.channel.Call` of a channel to
+its end. A driver runs every exchange the same way::
+
+    while True:
+        results = exchange.step(clock())   # formats, queues, checks time
+        ...hand the results to the caller...
+        if exchange.done:
+            break
+        ...write what the channel holds, read what the engine printed...
+        if nothing moved:
+            ...wait for the pipes until exchange.wake_at()...
+
+:meth:`Exchange.step` is the only place where the time limits are applied: a
+call's deadline (hard: return by it; soft: stop formatting new items at it)
+and ``io_timeout_s`` (how long the engine may stay silent while a call waits
+without a hard deadline). The driver never decides when a call is over.
+"""
+
+import itertools
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+
+from ..errors import VowpalWabbitTimeoutError
+from ..lines import check_line_part
+from .channel import Call, Channel
+
+#: Turns raw answer lines into the values ``predict`` gives.
+Parser = Callable[[List[bytes]], List[Any]]
+
+
+class Pacing(NamedTuple):
+    """How a ``predict`` call feeds the engine and treats its deadline.
+
+    :param batch_size: the most items formatted at a time
+    :param max_in_flight_lines: the most lines queued or sent whose answers
+        have not arrived (earlier calls' leftovers included)
+    :param min_batch: format only when at least this many lines fit (the
+        blocking class formats whole batches, the nonblocking one fills any room)
+    :param write_cutoff_s: with a hard deadline, stop sending new lines this
+        long before it, so that what is in flight can be answered in time
+    :param hard_deadline: return by the deadline (nonblocking, asyncio); else
+        the deadline only stops formatting, and what was queued is answered
+    """
+
+    batch_size: int
+    max_in_flight_lines: int
+    min_batch: int = 1
+    write_cutoff_s: float = 0.0
+    hard_deadline: bool = True
+
+
+class Exchange:
+    """The steps of one call on a channel.
+
+    :param channel: the engine's channel
+    :param call: the call, begun on ``channel``
+    :param deadline: the call's deadline (a clock value), or ``None``
+    :param idle_s: how long the engine may show no progress while the call
+        waits without a hard deadline; ``None``: no limit
+    :param hard_deadline: whether the call ends at ``deadline`` whatever is in flight
+    """
+
+    #: what the call waits for, for the idle error message
+    doing = "waiting for its answers"
+
+    def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
+                 idle_s: Optional[float], hard_deadline: bool = True) -> None:
+        self.channel = channel
+        self.call = call
+        self.deadline = deadline
+        self.idle_s = idle_s
+        self.hard_deadline = hard_deadline
+        #: whether the call is over (its results are all out)
+        self.done = False
+        #: whether it ended at its deadline rather than with everything answered
+        self.timed_out = False
+        self._progress = -1
+        self._quiet_since: Optional[float] = None
+
+    # -- to be provided by subclasses
+
+    def _advance(self, now: float) -> List[Any]:
+        """Queue what should be queued now; return results that are ready."""
+        raise NotImplementedError()
+
+    def _finished(self) -> bool:
+        """Whether the call has everything it needs."""
+        return self.call.owed_lines == 0 and self.channel.unwritten_bytes == 0
+
+    # -- the step
+
+    def step(self, now: float) -> List[Any]:
+        """Advance the call at time ``now``.
+
+        :returns: results ready for the caller (predictions, for ``predict``)
+        :raises VowpalWabbitTimeoutError: when the engine showed no progress for
+            ``idle_s`` while the call waited without a hard deadline
+        :raises VowpalWabbitError: when the call was superseded by another
+        """
+        if self.done:
+            return []
+        self.call.check_active()
+        results = self._advance(now)
+        if self._finished():
+            self.done = True
+            return results
+        deadline = self.deadline
+        if self.hard_deadline and deadline is not None and now >= deadline:
+            self.done = self.timed_out = True
+            return results
+        self._check_idle(now)
+        return results
+
+    def _idle_applies(self) -> bool:
+        return self.idle_s is not None and (self.deadline is None or not self.hard_deadline)
+
+    def _check_idle(self, now: float) -> None:
+        if not self._idle_applies():
+            return
+        channel = self.channel
+        progress = channel.bytes_written + channel.bytes_received
+        if progress != self._progress or self._quiet_since is None:
+            self._progress = progress
+            self._quiet_since = now
+            return
+        assert self.idle_s is not None
+        if now - self._quiet_since >= self.idle_s:
+            doing = ("writing to it" if channel.unwritten_bytes and not channel.expects_output
+                     else self.doing)
+            raise VowpalWabbitTimeoutError(
+                f"the vw engine did not answer for {self.idle_s:g} s while {doing} "
+                "(io_timeout_s); it may be stopped or stuck")
+
+    def wake_at(self) -> Optional[float]:
+        """When :meth:`step` must run again even if the pipes stay quiet
+        (``None``: only when they move)."""
+        wake = self.deadline if self.hard_deadline else None
+        if self._idle_applies() and self._quiet_since is not None:
+            assert self.idle_s is not None
+            idle_end = self._quiet_since + self.idle_s
+            wake = idle_end if wake is None else min(wake, idle_end)
+        return wake
+
+    def end(self) -> None:
+        """End the call on its channel (idempotent): what it left in flight
+        is discarded by the channel as it arrives."""
+        self.done = True
+        self.channel.end(self.call)
+
+
+class PredictExchange(Exchange):
+    """``predict``: format items in batches while there is room in flight,
+    and hand out the parsed predictions in item order.
+
+    :param formatter: the model's formatter
+    :param common_part: the formatted common features (checked by the caller)
+    :param common_features: passed on to ``format_item_features``
+    :param items: the items
+    :param debug_info: passed to every formatter call
+    :param parse: turns answer lines into predictions
+    :param pacing: see :class:`Pacing`
+    :param detailed: when given, receives ``generating_lines_time`` entries
+    :param clock: the clock of ``now`` values, for ``generating_lines_time``
+    """
+
+    doing = "waiting for its predictions"
+
+    def __init__(self, channel: Channel, call: Call, *, formatter: Any, common_part: str,
+                 common_features: Any, items: Iterable[Any], debug_info: Any, parse: Parser,
+                 pacing: Pacing, deadline: Optional[float], idle_s: Optional[float],
+                 detailed: Optional[Dict[str, List[Any]]] = None,
+                 clock: Optional[Callable[[], float]] = None) -> None:
+        super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline)
+        self.pacing = pacing
+        self.parse = parse
+        self.producing = True
+        self.returned = 0
+        #: when the earlier calls' leftovers were all answered (a ``now`` value)
+        self.cleared_at: Optional[float] = None if channel.stale_lines else -1.0
+        self._items = iter(items)
+        self._common_features = common_features
+        self._debug_info = debug_info
+        self._format_item = formatter.format_item_features
+        self._join = _line_joiner(formatter, common_part, debug_info)
+        self._stop_producing_at: Optional[float] = None
+        if deadline is not None:
+            self._stop_producing_at = deadline - (pacing.write_cutoff_s if pacing.hard_deadline
+                                                  else 0.0)
+        self._detailed = detailed
+        self._clock = clock
+
+    def _advance(self, now: float) -> List[Any]:
+        channel, call = self.channel, self.call
+        if self.cleared_at is None and not channel.stale_lines:
+            self.cleared_at = now
+        if self.producing:
+            stop_at = self._stop_producing_at
+            if stop_at is not None and now >= stop_at:
+                self.producing = False
+                if self.pacing.hard_deadline:
+                    channel.forget_unwritten(call)
+            else:
+                room = self.pacing.max_in_flight_lines - channel.in_flight_lines
+                if room >= self.pacing.min_batch:
+                    self._produce(min(room, self.pacing.batch_size))
+        answers = call.take_answers()
+        if not answers:
+            return []
+        predictions = self.parse(answers)
+        self.returned += len(predictions)
+        return predictions
+
+    def _produce(self, want: int) -> None:
+        began = self._clock() if self._detailed is not None and self._clock else 0.0
+        format_item = self._format_item
+        common, debug_info = self._common_features, self._debug_info
+        parts = [format_item(common, item, debug_info=debug_info)
+                 for item in itertools.islice(self._items, want)]
+        if len(parts) < want:
+            self.producing = False
+        if parts:
+            self.call.queue_lines(self._join(parts, self.call.queued_lines))
+        if self._detailed is not None and self._clock:
+            end = self._clock()
+            self._detailed["generating_lines_time"].append((end, end - began))
+
+    def _finished(self) -> bool:
+        return not self.producing and self.call.owed_lines == 0
+
+
+def _line_joiner(formatter: Any, common_part: str,
+                 debug_info: Any) -> Callable[[List[Any], int], List[str]]:
+    """A function that checks item parts and joins them with the common part
+    into lines (inline when the formatter keeps the default joining)."""
+    from ..base import VowpalWabbitBaseFormatter  # pylint: disable=import-outside-toplevel
+    join = getattr(formatter, "get_formatted_example", None)
+    default = join is None or getattr(type(formatter), "get_formatted_example", None) is \
+        VowpalWabbitBaseFormatter.get_formatted_example
+
+    def lines(parts: List[Any], first_index: int) -> List[str]:
+        check_item_parts(parts, first_index)
+        if default:
+            prefix = common_part + " "
+            return [prefix + part for part in parts]
+        return [join(common_part, part, debug_info=debug_info) for part in parts]
+    return lines
+
+
+def check_item_parts(parts: List[Any], first_index: int = 0) -> None:
+    """Check that every formatted item part is a ``str``.
+
+    :raises TypeError: naming ``format_item_features`` and the item, for the first that is not
+    """
+    try:
+        "".join(parts)
+    except TypeError:
+        for offset, part in enumerate(parts):
+            if not isinstance(part, str):
+                raise TypeError(
+                    f"format_item_features returned {type(part).__name__} for item "
+                    f"#{first_index + offset}; it must return a str") from None
+        raise
+
+
+def format_common_part(formatter: Any, common_features: Any, debug_info: Any) -> str:
+    """Format and check the common features of a call.
+
+    :raises TypeError: when ``format_common_features`` does not return a ``str``
+    :raises ValueError: when it contains a line break
+    """
+    common = formatter.format_common_features(common_features, debug_info=debug_info)
+    if not isinstance(common, str):
+        raise TypeError(f"format_common_features returned {type(common).__name__}; "
+                        "it must return a str")
+    check_line_part(common, "the formatted common features")
+    return common
+
+
+class SendExchange(Exchange):
+    """Send prepared lines and wait until the engine has answered them all
+    (answers discarded: ``train``), or, write-only, until they are written.
+
+    :param lines: formatted and checked examples
+    """
+
+    doing = "waiting for it to learn"
+
+    def __init__(self, channel: Channel, call: Call, lines: List[str],
+                 idle_s: Optional[float]) -> None:
+        super().__init__(channel, call, None, idle_s, hard_deadline=False)
+        self._lines: Optional[List[str]] = lines
+        self.sent = 0
+
+    def _advance(self, now: float) -> List[Any]:
+        if self._lines is not None:
+            self.sent = self.call.queue_lines(self._lines)
+            self._lines = None
+        return []
+
+
+class ProbeExchange(Exchange):
+    """Send one probe example (after an optional control line, such as a
+    save command) and wait for its answer.
+
+    :param control: a control line to send before the probe, or ``None``
+    :param deadline: give up at this time (hard)
+    """
+
+    doing = "waiting for the answer to a probe"
+
+    def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
+                 idle_s: Optional[float], control: Optional[bytes] = None,
+                 probe: bool = True) -> None:
+        super().__init__(channel, call, deadline, idle_s, hard_deadline=True)
+        self._control = control
+        self._probe = probe
+        self._queued = False
+
+    def _advance(self, now: float) -> List[Any]:
+        if not self._queued:
+            if self._control is not None:
+                self.call.queue_control(self._control)
+            if self._probe:
+                self.call.queue_probe()
+            self._queued = True
+        return []
+
+    @property
+    def answer(self) -> List[bytes]:
+        """The probe's answer lines, once :attr:`done`."""
+        return self.call.probe_answers
+
+
+class CleanupExchange(Exchange):
+    """Wait until earlier calls' leftovers are all answered (and discarded)."""
+
+    doing = "clearing earlier calls' leftovers"
+
+    def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
+                 idle_s: Optional[float]) -> None:
+        super().__init__(channel, call, deadline, idle_s, hard_deadline=True)
+
+    def _advance(self, now: float) -> List[Any]:
+        return []
+
+    def _finished(self) -> bool:
+        return self.channel.stale_lines == 0
+
+
+class AuditExchange(Exchange):
+    """Send one example in audit mode and wait for its three answer lines."""
+
+    doing = "waiting for its audit"
+
+    def __init__(self, channel: Channel, call: Call, line: str, idle_s: Optional[float]) -> None:
+        super().__init__(channel, call, None, idle_s, hard_deadline=False)
+        self._line: Optional[str] = line
+        self.answer: List[bytes] = []
+
+    def _advance(self, now: float) -> List[Any]:
+        if self._line is not None:
+            self.call.queue_lines([self._line])
+            self._line = None
+        self.answer += self.call.take_answers()
+        return []

@@ -1,0 +1,50 @@
+"""Saving a running engine's model to a path, atomically.
+
+The engine saves through its ``save_PATH|`` control example, which produces
+no answer. It writes to a side file and renames it when done, so a file that
+appears under the name it was given is complete. subwabbit gives it a unique
+name beside the target and renames that to the target afterwards.
+"""
+
+import os
+import uuid
+
+
+class ModelSave:
+    """One save: the side file, the control line, and the final rename.
+
+    :param path: where the model should end up (parent directories are created)
+    :raises ValueError: for a path the save command cannot carry (spaces, ``|``)
+    """
+
+    def __init__(self, path: str) -> None:
+        self.target = os.path.abspath(path)
+        directory = os.path.dirname(self.target)
+        os.makedirs(directory, exist_ok=True)
+        self.side = os.path.join(directory,
+                                 f".{os.path.basename(self.target)}.subwabbit-{uuid.uuid4().hex}")
+        if any(ch.isspace() or ch == "|" for ch in self.side):
+            raise ValueError(f"vw cannot save to {self.target!r}: its save command takes no "
+                             "spaces or '|' in the path")
+        #: the control line that makes the engine save
+        self.command = f"save_{self.side}|\n".encode()
+
+    def written(self) -> bool:
+        """Whether the engine has written the side file."""
+        return os.path.exists(self.side)
+
+    def finish(self) -> bool:
+        """Move the side file to the target.
+
+        :returns: ``False`` when the engine wrote no file
+        """
+        if not self.written():
+            return False
+        os.replace(self.side, self.target)
+        return True
+
+    def clean_up(self) -> None:
+        """Remove what a failed or abandoned save left beside the target."""
+        for leftover in (self.side, self.side + ".writing"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)

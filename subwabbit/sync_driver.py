@@ -1,0 +1,187 @@
+"""The driver of the blocking and nonblocking classes: runs an exchange of
+:mod:`subwabbit.core` over an engine's pipes, waiting in ``select``/``poll``.
+
+It moves bytes and waits; every decision (what to send, whose an answer is,
+when a call is over) is the core's.
+"""
+
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from .core.channel import Channel
+from .core.exchanges import Exchange, ProbeExchange
+from .engine_process import EngineProcess
+from .errors import VowpalWabbitEngineExitedError, VowpalWabbitTimeoutError
+
+_clock = time.perf_counter
+
+
+def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[float],
+         detailed: Optional[Dict[str, List[Any]]] = None) -> bool:
+    """Write what the stdin pipe takes and read what stdout holds, once each.
+
+    :param status_deadline: how long an error report may wait for a dead
+        engine's exit status (the call's hard deadline, if any)
+    :param detailed: when given, receives ``sending_*``/``receiving_*`` entries
+    :returns: whether any byte moved
+    :raises VowpalWabbitEngineExitedError: at EOF or a broken pipe
+    """
+    moved = False
+    if channel.unwritten_bytes:
+        began = _clock()
+        written = channel.write_with(lambda view: engine.write_some(view, status_deadline))
+        moved = written > 0
+        if detailed is not None:
+            now = _clock()
+            detailed["sending_lines_time"].append((now, now - began))
+            if "sending_bytes" in detailed:
+                detailed["sending_bytes"].append((now, written))
+    if engine.prints_answers:
+        began = _clock()
+        data = engine.read_some(status_deadline)
+        if data:
+            channel.receive(data)
+            moved = True
+        if detailed is not None:
+            now = _clock()
+            detailed["receiving_lines_time"].append((now, now - began))
+            if "receiving_bytes" in detailed:
+                detailed["receiving_bytes"].append((now, len(data)))
+                detailed["pending_lines"].append((now, channel.in_flight_lines))
+    return moved
+
+
+def drive(engine: EngineProcess, exchange: Exchange,
+          detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:
+    """Run ``exchange`` to its end, yielding its results as they come.
+
+    The exchange is not ended here: the caller ends it (in a ``finally``),
+    so that an abandoned generator leaves the channel exact.
+    """
+    channel = exchange.channel
+    status_deadline = exchange.deadline if exchange.hard_deadline else None
+    reads = engine.prints_answers
+    while True:
+        results = exchange.step(_clock())
+        if results:
+            yield results
+        if exchange.done:
+            return
+        if not pump(engine, channel, status_deadline, detailed):
+            engine.wait(reads, channel.unwritten_bytes > 0, exchange.wake_at())
+
+
+def run(engine: EngineProcess, exchange: Exchange) -> List[Any]:
+    """Run ``exchange`` to its end and return all its results."""
+    results: List[Any] = []
+    try:
+        for part in drive(engine, exchange):
+            results += part
+    finally:
+        exchange.end()
+    return results
+
+
+def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: float,
+                 on_spawn: Optional[Callable[[EngineProcess], None]] = None) -> EngineProcess:
+    """Spawn an engine and check that it answers (or, write-only, that it reads).
+
+    :param outputs_per_line: answer lines per example (0: write-only)
+    :param on_spawn: called with the engine as soon as it is spawned (so that
+        another thread can kill it while it starts)
+    :raises VowpalWabbitStartupError: when the engine cannot run, exits, says
+        it failed, or shows no sign of life within ``startup_timeout_s`` (the
+        error then comes within a few milliseconds of the timeout)
+    """
+    deadline = _clock() + startup_timeout_s
+    engine = EngineProcess(argv, prints_answers=outputs_per_line > 0)
+    if on_spawn is not None:
+        on_spawn(engine)
+    try:
+        if outputs_per_line:
+            check_answers_probe(engine, Channel(outputs_per_line), deadline)
+        else:
+            await_input_consumed(engine, deadline)
+            engine.drain_stdout_in_background()
+    except BaseException:
+        engine.abort()
+        raise
+    return engine
+
+
+def check_answers_probe(engine: EngineProcess, channel: Channel, deadline: float) -> None:
+    """Send a probe and wait for its answer until ``deadline``."""
+    exchange = ProbeExchange(channel, channel.begin(), deadline, None)
+    try:
+        run(engine, exchange)
+    except VowpalWabbitEngineExitedError as exc:
+        output = engine.read_until_eof(_clock() + 1.0)
+        raise engine.startup_error("the vw engine exited during start-up", output) from exc
+    check_probe_result(engine, exchange)
+
+
+def check_probe_result(engine: EngineProcess, exchange: ProbeExchange) -> None:
+    """Raise the start-up error a finished probe exchange calls for, if any."""
+    if exchange.timed_out:
+        raise engine.startup_error(
+            "the vw engine did not answer a probe example during start-up "
+            "(is the model multi-line, or is it still loading?)", wait_for_exit=False)
+    answer = exchange.answer
+    if answer and answer[0].startswith(b"["):
+        # A real vw prints fatal errors as log lines on stdout, then exits.
+        output = b"\n".join(answer) + b"\n" + engine.read_until_eof(_clock() + 2.0)
+        raise engine.startup_error("the vw engine failed during start-up", output)
+
+
+def await_input_consumed(engine: EngineProcess, deadline: float) -> None:
+    """Write-only start-up check: the engine reads stdin only once its
+    arguments are accepted and its model loaded, so wait until it has read
+    a probe example (or exited)."""
+    channel = Channel(0)
+    call = channel.begin()
+    call.queue_probe()
+    delay = 0.0005
+    output = b""
+    while True:
+        try:
+            channel.write_with(engine.write_some)
+        except VowpalWabbitEngineExitedError as exc:
+            output += engine.read_until_eof(_clock() + 1.0)
+            raise engine.startup_error("the vw engine exited during start-up", output) from exc
+        unread = engine.unread_input_bytes()
+        if not channel.unwritten_bytes and not unread:
+            return
+        if engine.wait(True, False, min(deadline, _clock() + delay)):
+            try:
+                chunk = engine.read_some()
+            except VowpalWabbitEngineExitedError as exc:
+                raise engine.startup_error("the vw engine exited during start-up",
+                                           output) from exc
+            output += chunk
+        if engine.returncode is not None:
+            output += engine.read_until_eof(_clock() + 1.0)
+            raise engine.startup_error("the vw engine exited during start-up", output)
+        if _clock() >= deadline:
+            raise engine.startup_error(
+                "the vw engine did not start reading examples within the start-up timeout",
+                output, wait_for_exit=False)
+        delay = min(delay * 2, 0.01)
+
+
+def wait_for_file(engine: EngineProcess, exists: Callable[[], bool], deadline: Optional[float],
+                  what: str) -> None:
+    """Sleep-poll until ``exists()`` (a write-only engine's save has no answer).
+
+    :raises VowpalWabbitEngineExitedError: when the engine exits meanwhile
+    :raises VowpalWabbitTimeoutError: when ``deadline`` passes first
+    """
+    delay = 0.0005
+    while not exists():
+        if engine.returncode is not None:
+            raise engine.exited_error(f"the vw engine exited while {what}")
+        if deadline is not None and _clock() >= deadline:
+            raise VowpalWabbitTimeoutError(f"timed out {what}", argv=engine.argv,
+                                           stderr_tail=engine.stderr_tail())
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
