@@ -65,6 +65,7 @@ def drive(engine: EngineProcess, exchange: Exchange,
         results = exchange.step(_clock())
         if results:
             yield results
+            continue  # step again first: the caller may have started another call meanwhile
         if exchange.done:
             return
         if not pump(engine, channel, status_deadline, detailed):

@@ -1,0 +1,350 @@
+"""The protocol core without processes: the channel's bookkeeping and the
+exchanges' decisions, against a simulated engine that answers each line with
+its own number, with writes and reads cut at random places.
+
+The invariant under test: an answer is never given to another item or
+another call, whatever calls end early, time out or are superseded.
+"""
+
+import random
+
+import pytest
+
+from subwabbit.core.channel import PROBE_LINE, Channel
+from subwabbit.core.exchanges import (CleanupExchange, Pacing, PredictExchange, ProbeExchange,
+                                      SendExchange)
+from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError, VowpalWabbitTimeoutError
+
+
+class SimulatedEngine:
+    """Reads bytes like vw: answers each example line ``|x N`` with ``N`` (per
+    line ``per_line`` times), a probe with ``p``, a save command with nothing."""
+
+    def __init__(self, per_line: int = 1, rng: random.Random = None) -> None:
+        self.per_line = per_line
+        self.rng = rng or random.Random(0)
+        self.pending_in = b""
+        self.out = b""
+        self.lines_seen = []
+
+    def write(self, view: memoryview) -> int:
+        take = self.rng.randint(0, len(view)) if self.rng.random() < 0.5 else len(view)
+        self.pending_in += bytes(view[:take])
+        *lines, self.pending_in = self.pending_in.split(b"\n")
+        for line in lines:
+            self.lines_seen.append(line)
+            if line.startswith(b"save_"):
+                continue
+            answer = b"p" if line == PROBE_LINE.strip() else line.split()[-1]
+            self.out += (answer + b"\n") * self.per_line
+        return take
+
+    def read(self) -> bytes:
+        take = self.rng.randint(0, len(self.out))
+        data, self.out = self.out[:take], self.out[take:]
+        return data
+
+
+def pump(channel: Channel, engine: SimulatedEngine) -> None:
+    channel.write_with(engine.write)
+    data = engine.read()
+    if data:
+        channel.receive(data)
+
+
+class NumberFormatter:
+    def format_common_features(self, common_features, debug_info=None):
+        return "|c"
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        return f"|x {item_features}"
+
+
+def parse(lines):
+    return [int(line) for line in lines]
+
+
+def test_answers_go_to_their_own_call_in_order():
+    channel = Channel()
+    engine = SimulatedEngine()
+    call = channel.begin()
+    channel_lines = [f"|x {n}" for n in range(100)]
+    call.queue_lines(channel_lines)
+    got = []
+    while len(got) < 100:
+        pump(channel, engine)
+        got += parse(call.take_answers())
+    assert got == list(range(100))
+    assert channel.in_flight_lines == 0 and channel.unwritten_bytes == 0
+
+
+def test_an_ended_call_leftovers_are_discarded_not_given_to_the_next():
+    channel = Channel()
+    engine = SimulatedEngine(rng=random.Random(3))
+    first = channel.begin()
+    first.queue_lines([f"|x {n}" for n in range(50)])
+    for _ in range(3):
+        pump(channel, engine)
+    first_got = parse(first.take_answers())
+    channel.end(first)
+    assert first_got == list(range(len(first_got)))
+    second = channel.begin()
+    second.queue_lines([f"|x {1000 + n}" for n in range(20)])
+    got = []
+    for _ in range(10000):
+        if len(got) == 20:
+            break
+        pump(channel, engine)
+        got += parse(second.take_answers())
+    assert got == [1000 + n for n in range(20)]
+    assert channel.stale_lines == 0
+
+
+def test_unwritten_lines_of_an_ended_call_are_never_sent():
+    channel = Channel()
+    first = channel.begin()
+    first.queue_lines([f"|x {n}" for n in range(10)])
+    # the pipe takes 3 lines and half of the 4th
+    line_bytes = len(b"|x 0\n")
+    channel.write_with(lambda view: 3 * line_bytes + 2)
+    channel.end(first)
+    assert channel.in_flight_lines == 4  # the half-written line is completed, not dropped
+    assert channel.stale_lines == 4
+    assert channel.unwritten_bytes == line_bytes - 2
+    sent = []
+    channel.write_with(lambda view: sent.append(bytes(view)) or len(view))
+    assert sent == [b" 3\n"]
+
+
+def test_superseded_call_raises_instead_of_reading_the_next_calls_answers():
+    channel = Channel()
+    first = channel.begin()
+    channel.begin()
+    with pytest.raises(VowpalWabbitError, match="superseded"):
+        first.check_active()
+    with pytest.raises(VowpalWabbitError, match="superseded"):
+        first.queue_lines(["|x 1"])
+
+
+def test_an_unexpected_line_is_a_protocol_error():
+    channel = Channel()
+    with pytest.raises(VowpalWabbitProtocolError, match="no answer was expected"):
+        channel.receive(b"0.5\n")
+
+
+def test_control_lines_are_answered_by_nothing_and_probes_go_aside():
+    channel = Channel()
+    engine = SimulatedEngine(rng=random.Random(5))
+    call = channel.begin()
+    call.queue_lines(["|x 1"])
+    call.queue_control(b"save_/tmp/x|\n")
+    call.queue_probe()
+    call.queue_lines(["|x 2"])
+    while channel.in_flight_lines:
+        pump(channel, engine)
+    assert parse(call.take_answers()) == [1, 2]
+    assert call.probe_answers == [b"p"]
+    with pytest.raises(ValueError):
+        call.queue_control(b"two\nlines\n")
+
+
+def test_audit_mode_answers_come_in_whole_groups():
+    channel = Channel(outputs_per_line=3)
+    call = channel.begin()
+    call.queue_lines(["|x 1", "|x 2"])
+    channel.write_with(len)
+    channel.receive(b"a\nb\nc\nd\n")
+    assert call.take_answers() == [b"a", b"b", b"c"]
+    assert channel.in_flight_lines == 1
+    channel.receive(b"e\nf\n")
+    assert call.take_answers() == [b"d", b"e", b"f"]
+    assert channel.in_flight_lines == 0
+
+
+def test_write_only_channel_owes_nothing():
+    channel = Channel(outputs_per_line=0)
+    call = channel.begin()
+    call.queue_lines(["|x 1", "|x 2"])
+    assert channel.in_flight_lines == 0 and channel.unwritten_bytes == 10
+    assert channel.write_with(len) == 10
+
+
+def test_write_with_releases_the_buffer_even_when_the_write_raises():
+    """2.x-3.0's nonblocking class could not restart after a failed write:
+    the view of its buffer outlived the error (BufferError)."""
+    channel = Channel()
+    call = channel.begin()
+    call.queue_lines(["|x 1"])
+
+    def broken(view):
+        raise BrokenPipeError()
+
+    with pytest.raises(BrokenPipeError):
+        channel.write_with(broken)
+    call.queue_lines(["|x 2"])  # the buffer can grow again
+    channel.end(call)
+    assert channel.unwritten_bytes == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_calls_abandoned_at_random_points_each_get_their_own_answers(seed):
+    rng = random.Random(seed)
+    channel = Channel(outputs_per_line=rng.choice([1, 1, 3]))
+    engine = SimulatedEngine(per_line=channel.outputs_per_line, rng=rng)
+    next_number = 0
+    for _ in range(30):
+        call = channel.begin()
+        count = rng.randint(0, 120)
+        numbers = list(range(next_number, next_number + count))
+        next_number += count
+        for start in range(0, count, 25):
+            call.queue_lines([f"|x {n}" for n in numbers[start:start + 25]])
+        got = []
+        for _ in range(rng.randint(0, 60)):
+            pump(channel, engine)
+            raw = call.take_answers()
+            got += parse(raw[::channel.outputs_per_line])
+        assert got == numbers[:len(got)]  # a prefix of its own items, in order
+        if rng.random() < 0.7:
+            channel.end(call)  # abandoned, timed out, finished: all the same
+    # drain: everything owed arrives and goes nowhere
+    if channel.current is not None:
+        channel.end(channel.current)
+    for _ in range(100000):
+        if not channel.in_flight_lines:
+            break
+        pump(channel, engine)
+    assert channel.in_flight_lines == 0 and channel.stale_lines == 0
+
+
+def _predict(channel, items, pacing, deadline=None, idle_s=None, now=0.0):
+    call = channel.begin()
+    return PredictExchange(channel, call, formatter=NumberFormatter(), common_part="|c",
+                           common_features=None, items=items, debug_info=None, parse=parse,
+                           pacing=pacing, deadline=deadline, idle_s=idle_s)
+
+
+def test_predict_keeps_within_the_lines_in_flight_limit():
+    channel = Channel()
+    exchange = _predict(channel, range(100), Pacing(batch_size=8, max_in_flight_lines=20))
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 8
+    exchange.step(0.0)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 20  # 8 + 8 + 4
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 20
+
+
+def test_predict_blocking_pacing_formats_whole_batches_only():
+    channel = Channel()
+    exchange = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=20,
+                                                    min_batch=10, hard_deadline=False))
+    exchange.step(0.0)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 20
+    channel.write_with(len)
+    channel.receive(b"0\n1\n")
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 18  # no room for a whole batch yet
+
+
+def test_hard_deadline_stops_sending_at_the_cutoff_and_ends_at_the_deadline():
+    channel = Channel()
+    exchange = _predict(channel, range(1000), Pacing(batch_size=10, max_in_flight_lines=30,
+                                                     write_cutoff_s=0.5),
+                        deadline=10.0)
+    exchange.step(0.0)
+    exchange.step(0.0)
+    channel.write_with(lambda view: len(b"|c |x 0\n") + 3)  # one line and a bit of the next
+    exchange.step(9.6)  # past the cut-off: unsent lines are forgotten
+    assert not exchange.producing
+    assert channel.in_flight_lines == 2 and not exchange.done
+    assert exchange.wake_at() == 10.0
+    exchange.step(10.0)
+    assert exchange.done and exchange.timed_out
+
+
+def test_soft_deadline_stops_formatting_but_waits_for_what_was_sent():
+    channel = Channel()
+    exchange = _predict(channel, range(1000), Pacing(batch_size=10, max_in_flight_lines=20,
+                                                     hard_deadline=False), deadline=1.0)
+    exchange.step(0.0)
+    exchange.step(2.0)
+    assert not exchange.producing and not exchange.done
+    assert channel.in_flight_lines == 10
+    channel.write_with(len)
+    channel.receive(b"".join(b"%d\n" % n for n in range(10)))
+    assert exchange.step(3.0) == list(range(10))
+    assert exchange.done and not exchange.timed_out
+
+
+def test_idle_timeout_applies_only_without_a_hard_deadline():
+    channel = Channel()
+    exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
+                        idle_s=1.0)
+    exchange.step(0.0)
+    exchange.step(0.5)
+    assert exchange.wake_at() == 1.0  # nothing moved since the first step
+    with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 1 s"):
+        exchange.step(1.6)
+    channel = Channel()
+    exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
+                        deadline=5.0, idle_s=1.0)
+    exchange.step(0.0)
+    exchange.step(4.0)  # no idle error: the deadline bounds the call
+    assert exchange.step(5.0) == [] and exchange.timed_out
+
+
+def test_new_lines_wait_for_room_behind_leftovers_and_cleared_at_is_noted():
+    channel = Channel()
+    first = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=10))
+    first.step(0.0)
+    channel.write_with(len)
+    first.end()
+    second = _predict(channel, range(100, 200), Pacing(batch_size=10, max_in_flight_lines=10))
+    assert second.cleared_at is None
+    second.step(1.0)
+    assert channel.in_flight_lines == 10 and channel.stale_lines == 10  # no room yet
+    channel.receive(b"".join(b"%d\n" % n for n in range(10)))
+    assert second.step(2.0) == []
+    assert second.cleared_at == 2.0 and channel.in_flight_lines == 10
+
+
+def test_format_item_features_returning_none_names_the_method():
+    class NoneFormatter(NumberFormatter):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            return None if item_features == 3 else super().format_item_features(
+                common_features, item_features, debug_info)
+
+    channel = Channel()
+    call = channel.begin()
+    exchange = PredictExchange(channel, call, formatter=NoneFormatter(), common_part="|c",
+                               common_features=None, items=range(5), debug_info=None,
+                               parse=parse, pacing=Pacing(batch_size=10, max_in_flight_lines=10),
+                               deadline=None, idle_s=None)
+    with pytest.raises(TypeError, match=r"format_item_features returned NoneType for item #3"):
+        exchange.step(0.0)
+    assert channel.in_flight_lines == 0  # nothing of the batch was queued
+
+
+def test_train_probe_and_cleanup_exchanges_end_when_answered():
+    channel = Channel()
+    engine = SimulatedEngine(rng=random.Random(11))
+    send = SendExchange(channel, channel.begin(keep=False), ["1 |x 1", "1 |x 2"], None)
+    while not send.done:
+        send.step(0.0)
+        pump(channel, engine)
+    probe = ProbeExchange(channel, channel.begin(), None, None, control=b"save_/m|\n")
+    while not probe.done:
+        probe.step(0.0)
+        pump(channel, engine)
+    assert probe.answer == [b"p"] and engine.lines_seen[-2:] == [b"save_/m|", b"|"]
+    leftover = channel.begin()
+    leftover.queue_lines(["|x 5"])
+    channel.end(leftover)
+    cleanup = CleanupExchange(channel, channel.begin(keep=False), 10.0, None)
+    while not cleanup.done:
+        cleanup.step(0.0)
+        pump(channel, engine)
+    assert channel.stale_lines == 0 and not cleanup.timed_out
