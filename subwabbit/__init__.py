@@ -2,11 +2,13 @@
 
 :class:`~subwabbit.blocking.VowpalWabbitProcess` gives the best throughput;
 :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess` (Linux) returns by a
-hard deadline.
+hard deadline; :class:`~subwabbit.asyncio_process.AsyncVowpalWabbitProcess` does the
+same for asyncio code.
 """
 
 import logging
 
+from .asyncio_process import AsyncVowpalWabbitProcess
 from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter
 from .blocking import VowpalWabbitProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
@@ -22,6 +24,7 @@ from .version import __version__
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "AsyncVowpalWabbitProcess",
     "AuditFeature",
     "VowpalWabbitBaseFormatter",
     "VowpalWabbitBaseModel",

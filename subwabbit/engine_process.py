@@ -414,6 +414,33 @@ class EngineProcess:
                 stderr_tail=self.stderr_tail())
         return code
 
+    def close_input(self) -> None:
+        """Close the engine's stdin (it then finishes, writes a ``-f`` model and exits)."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+
+    def discard_output(self) -> bool:
+        """Read and drop what stdout holds now (while the engine shuts down).
+
+        :returns: ``False`` at EOF (or when stdout is another thread's)
+        """
+        if self._stdout_thread is not None:
+            return False
+        try:
+            return bool(os.read(self.stdout_fd, _READ_CHUNK))
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def terminate(self) -> None:
+        """Send SIGTERM now."""
+        self._killed_by_us = True
+        if self.proc.poll() is None:
+            self.proc.terminate()
+
     def kill(self) -> None:
         """Send SIGKILL now (the pipes stay open until :meth:`close`)."""
         self._killed_by_us = True

@@ -26,6 +26,30 @@ DEFAULT_MAX_PENDING_LINES = 100
 DEFAULT_WRITE_CUTOFF_S = 0.0005
 
 
+def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Optional[int],
+                            write_timeout_ms: Optional[float], write_cutoff_s: float) -> float:
+    """Check the settings of the classes that return by a deadline.
+
+    :returns: the write cut-off in seconds (``write_timeout_ms``, deprecated, wins)
+    :raises ValueError: for a setting out of range
+    """
+    if write_timeout_ms is not None:
+        warnings.warn("write_timeout_ms is deprecated (it held seconds); use write_cutoff_s",
+                      DeprecationWarning, stacklevel=3)
+        write_cutoff_s = write_timeout_ms
+    cutoff = validate_seconds(write_cutoff_s, "write_cutoff_s", allow_none=False)
+    if isinstance(max_pending_lines, bool) or not isinstance(max_pending_lines, int) \
+            or max_pending_lines < 1:
+        raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")
+    if pipe_buffer_size_bytes is not None and (
+            isinstance(pipe_buffer_size_bytes, bool)
+            or not isinstance(pipe_buffer_size_bytes, int) or pipe_buffer_size_bytes < 1):
+        raise ValueError("pipe_buffer_size_bytes must be a positive int or None, "
+                         f"got {pipe_buffer_size_bytes!r}")
+    assert cutoff is not None
+    return cutoff
+
+
 class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
     """A VW model served by a vw engine over non-blocking pipes, for hard deadlines.
 
@@ -83,19 +107,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
-        if write_timeout_ms is not None:
-            warnings.warn("write_timeout_ms is deprecated (it held seconds); use write_cutoff_s",
-                          DeprecationWarning, stacklevel=2)
-            write_cutoff_s = write_timeout_ms
-        self.write_cutoff_s = validate_seconds(write_cutoff_s, "write_cutoff_s", allow_none=False)
-        if isinstance(max_pending_lines, bool) or not isinstance(max_pending_lines, int) \
-                or max_pending_lines < 1:
-            raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")
-        if pipe_buffer_size_bytes is not None and (
-                isinstance(pipe_buffer_size_bytes, bool)
-                or not isinstance(pipe_buffer_size_bytes, int) or pipe_buffer_size_bytes < 1):
-            raise ValueError("pipe_buffer_size_bytes must be a positive int or None, "
-                             f"got {pipe_buffer_size_bytes!r}")
+        self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
+                                                      write_timeout_ms, write_cutoff_s)
         self.max_pending_lines = max_pending_lines
         self.pipe_buffer_size_bytes = pipe_buffer_size_bytes
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,

@@ -1,0 +1,708 @@
+"""The asyncio client: the nonblocking class's guarantees for ``async def`` code.
+
+It runs the same exchanges of :mod:`subwabbit.core` as the other classes and
+only differs in how it waits: on the engine's pipes with the event loop
+(``add_reader``/``add_writer``), never in a blocking call and never in a
+thread per call.
+"""
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Union
+
+from .base import Label
+from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
+from .command import VwArgs
+from .core.channel import Channel
+from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
+                             ProbeExchange, SendExchange, format_common_part)
+from .deadlines import deadline_from_timeout, validate_seconds
+from .engine_process import EngineProcess
+from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
+                     VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
+from .lines import check_line, parse_scalar, parse_scalars
+from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
+                          check_deadline_settings)
+from .saving import ModelSave
+from .sync_driver import check_probe_result, pump
+
+logger = logging.getLogger("subwabbit")
+
+_clock = time.perf_counter
+
+#: The event loop's selector sleeps in whole milliseconds (rounded up), so a
+#: wait that should end at a deadline is set this much earlier, and the last
+#: stretch is covered by yielding to the loop without sleeping.
+_LOOP_TIMER_SLACK_S = 0.001
+
+#: The longest a call works without giving the event loop a turn.
+_YIELD_AFTER_S = 0.0005
+
+#: Errors after which the engine's output can no longer be matched to calls.
+_ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
+                    VowpalWabbitTimeoutError)
+
+
+class _FifoTurn:
+    """Calls on one object, one at a time, in arrival order; a waiter gives
+    up at its own deadline (or when cancelled) without disturbing the others."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: Deque["asyncio.Future[bool]"] = collections.deque()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call holds the turn."""
+        return self._busy
+
+    async def acquire(self, until: Optional[float]) -> bool:
+        """Wait for the turn until ``until`` (a :func:`time.perf_counter` value).
+
+        :returns: ``False`` when ``until`` passed first
+        """
+        if not self._busy and not self._waiters:
+            self._busy = True
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: "asyncio.Future[bool]" = loop.create_future()
+        self._waiters.append(waiter)
+        timeout = None if until is None else max(0.0, until - _clock())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        except asyncio.CancelledError:
+            if waiter.done():
+                self.release()  # granted as the task was cancelled: pass it on
+            else:
+                waiter.cancel()
+                self._waiters.remove(waiter)
+            raise
+        if waiter.done():
+            return True
+        waiter.cancel()
+        self._waiters.remove(waiter)
+        return False
+
+    def release(self) -> None:
+        """Pass the turn to the oldest waiter still waiting, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self._busy = False
+
+
+class AsyncVowpalWabbitProcess(ClientBase):
+    """A VW model served by a vw engine for asyncio code, with hard deadlines.
+
+    Use it as ``async with AsyncVowpalWabbitProcess(formatter, vw_args) as model``
+    (or ``await model.start()`` and ``await model.close()``)::
+
+        scores = await model.predict(common_features, items_features, timeout=0.010)
+        await model.train(common_features, items_features, labels, weights)
+        await model.save(path)
+
+    ``predict`` returns a list: in item order, the predictions the engine gave
+    by the deadline. It formats items in batches and waits on the pipes with
+    the event loop, giving the loop a turn at least every half millisecond.
+    Many tasks may await calls on one object at once: they are served one at a
+    time in arrival order, each within its own deadline (a task whose deadline
+    passes while it waits gets ``[]``, with ``metrics['waited_for_other_call']``).
+    A task cancelled mid-call leaves the object exact: what it left in flight
+    is discarded as it arrives.
+
+    Linux only. The arguments are those of
+    :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess`. With
+    ``restart_on_crash=True`` a replacement engine starts in the background as
+    soon as the engine fails; calls return by their deadlines meanwhile
+    (``[]``, with ``metrics['restarts'] == 1``). An object used in a process
+    forked after its creation starts its own engine the same way (or raises,
+    with ``restart_after_fork=False``).
+    """
+
+    #: turns raw prediction lines into the values ``predict`` gives
+    parse_predictions: Callable[[List[bytes]], List[Any]] = staticmethod(parse_scalars)
+
+    _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
+                      "generating_lines_time", "sending_lines_time", "receiving_lines_time")
+
+    def __init__(self, formatter: Any, vw_args: VwArgs, batch_size: int = DEFAULT_BATCH_SIZE,
+                 audit_mode: bool = False, max_pending_lines: int = DEFAULT_MAX_PENDING_LINES,
+                 write_timeout_ms: Optional[float] = None,
+                 pipe_buffer_size_bytes: Optional[int] = None,
+                 vw_command: Union[str, Sequence[str], None] = None, *,
+                 write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S,
+                 metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 60.0,
+                 io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
+                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
+        self._engine: Optional[EngineProcess] = None
+        self._channel: Optional[Channel] = None
+        self._closed = False
+        self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
+                                                      write_timeout_ms, write_cutoff_s)
+        self.max_pending_lines = max_pending_lines
+        self.pipe_buffer_size_bytes = pipe_buffer_size_bytes
+        self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
+                        vw_command=vw_command, metrics_hook=metrics_hook,
+                        startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
+                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+        self._broken: Optional[BaseException] = None
+        self._turn = _FifoTurn()
+        self._starting: Optional["asyncio.Task[EngineProcess]"] = None
+        self._ever_started = False
+
+    def _pacing(self) -> Pacing:
+        return Pacing(batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
+                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True)
+
+    # -------------------------------------------------------------- status
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The engine's process id (``None`` before :meth:`start`)."""
+        return self._engine.pid if self._engine is not None else None
+
+    @property
+    def vw_process(self) -> Optional[Any]:
+        """The engine's :class:`subprocess.Popen`, or ``None``."""
+        return self._engine.proc if self._engine is not None else None
+
+    @property
+    def pending_lines(self) -> int:
+        """Examples sent (or queued) to the engine whose predictions have not been read."""
+        return self._channel.in_flight_lines if self._channel is not None else 0
+
+    def __repr__(self) -> str:
+        if self._engine is None:
+            state = "closed" if self._closed else "not started"
+            return f"<{type(self).__name__} {state} argv={self.argv!r}>"
+        return (f"<{type(self).__name__} pid={self._engine.pid} {self._engine.describe()} "
+                f"pending_lines={self.pending_lines} argv={self.argv!r}>")
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> "AsyncVowpalWabbitProcess":
+        """Start the engine and wait (without blocking the loop) until it answers.
+
+        :raises VowpalWabbitStartupError: as the other classes' constructors
+        """
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._engine is None:
+            if self._starting is None:
+                self._starting = asyncio.ensure_future(self._start_engine())
+            starting = self._starting
+            try:
+                engine = await asyncio.shield(starting)
+            finally:
+                if starting.done():
+                    self._starting = None
+            self._adopt(engine)
+        return self
+
+    async def __aenter__(self) -> "AsyncVowpalWabbitProcess":
+        return await self.start()
+
+    async def __aexit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        try:
+            await self.close()
+        except VowpalWabbitError:
+            if exc_type is None:
+                raise
+            logger.exception("closing the vw engine failed while another exception propagated")
+
+    def _adopt(self, engine: EngineProcess) -> None:
+        self._engine = engine
+        self._channel = Channel(self._outputs_per_line)
+        self._owner_pid = engine.owner_pid
+        self._broken = None
+        if self._ever_started:
+            self._restart_count += 1
+        self._ever_started = True
+
+    async def _start_engine(self) -> EngineProcess:
+        deadline = _clock() + self.startup_timeout_s
+        engine = EngineProcess(self.argv)
+        try:
+            if self.pipe_buffer_size_bytes is not None:
+                engine.set_pipe_size(self.pipe_buffer_size_bytes)
+            channel = Channel(self._outputs_per_line)
+            exchange = ProbeExchange(channel, channel.begin(), deadline, None)
+            try:
+                await self._drive(engine, exchange)
+            except VowpalWabbitEngineExitedError as exc:
+                await self._await_exit(engine, _clock() + 1.0)
+                output = engine.read_until_eof(_clock() + 0.1)
+                raise engine.startup_error("the vw engine exited during start-up",
+                                           output) from exc
+            finally:
+                exchange.end()
+            check_probe_result(engine, exchange)
+        except BaseException:
+            engine.abort()
+            raise
+        return engine
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine without blocking the loop: close its input so that
+        it finishes (and writes a ``-f`` model), then SIGTERM and SIGKILL it if
+        it has not exited near the end of ``timeout``. Idempotent.
+
+        :raises VowpalWabbitEngineExitedError: when the engine exits with an
+            error of its own that no earlier call reported
+        """
+        validate_seconds(timeout, "timeout", allow_none=False)
+        if self._closed:
+            return
+        self._closed = True
+        began = _clock()
+        deadline = began + timeout
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.cancel()
+            try:
+                replacement = await starting
+            except BaseException:  # pylint: disable=broad-except
+                replacement = None
+            if replacement is not None:
+                replacement.abort()
+        engine = self._engine
+        if engine is None or engine.closed:
+            return
+        if self._turn.busy and engine.returncode is None:
+            # A call in another task is under way: let it meet a dead engine.
+            if not await self._turn.acquire(began + timeout / 2):
+                logger.warning("close(): another task's call still holds %r; killing the engine",
+                               self)
+                engine.kill()
+        engine.close_input()
+        term_at = deadline - min(1.0, timeout / 2)
+        kill_at = deadline - min(0.2, timeout / 4)
+        await self._await_exit(engine, term_at, drain=True)
+        if engine.returncode is None:
+            logger.warning("vw[%d] did not exit after its input was closed; terminating",
+                           engine.pid)
+            engine.terminate()
+            await self._await_exit(engine, kill_at)
+        if engine.returncode is None:
+            engine.kill()
+            await self._await_exit(engine, deadline)
+        engine.close(max(0.0, deadline - _clock()))
+
+    @staticmethod
+    async def _await_exit(engine: EngineProcess, until: float, drain: bool = False) -> None:
+        """Poll for the engine's exit until ``until``, yielding to the loop."""
+        delay = 0.001
+        while engine.returncode is None and _clock() < until:
+            if drain:
+                drain = engine.discard_output()
+            await asyncio.sleep(min(delay, max(0.0, until - _clock())))
+            delay = min(delay * 2, 0.02)
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None and not engine.closed:
+            engine.release()
+
+    def _after_fork_in_child(self) -> None:
+        self._turn = _FifoTurn()
+        if self._engine is not None:
+            self._engine.abandon_in_fork()
+        self._engine = self._channel = None
+        self._starting = None
+        self._broken = None
+
+    # ----------------------------------------------------------- the driver
+
+    async def _drive(self, engine: EngineProcess, exchange: Exchange,
+                     detailed: Optional[Dict[str, List[Any]]] = None) -> List[Any]:
+        """Run ``exchange`` to its end on the event loop; return its results.
+
+        The caller ends the exchange (in a ``finally``), so that a cancelled
+        call leaves the channel exact.
+        """
+        channel = exchange.channel
+        results: List[Any] = []
+        yielded_at = _clock()
+        while True:
+            now = _clock()
+            part = exchange.step(now)
+            if part:
+                results += part
+            if exchange.done:
+                return results
+            try:
+                moved = pump(engine, channel, now, detailed)
+            except VowpalWabbitEngineExitedError as exc:
+                # The error was built without waiting: learn the exit status now.
+                until = _clock() + 1.0
+                if exchange.hard_deadline and exchange.deadline is not None:
+                    until = min(until, exchange.deadline)
+                await self._await_exit(engine, until)
+                exc.returncode = engine.returncode
+                exc.stderr_tail = engine.stderr_tail()
+                raise
+            if moved:
+                if _clock() - yielded_at >= _YIELD_AFTER_S:
+                    await asyncio.sleep(0)
+                    yielded_at = _clock()
+                continue
+            await _wait_for_pipes(engine, channel.unwritten_bytes > 0, exchange.wake_at())
+            yielded_at = _clock()
+
+    async def _run(self, exchange: Exchange,
+                   detailed: Optional[Dict[str, List[Any]]] = None) -> List[Any]:
+        engine = self._engine
+        assert engine is not None
+        try:
+            return await self._drive(engine, exchange, detailed)
+        except _ENGINE_FAILURES as exc:
+            engine.add_context(exc)
+            self._fail(exc)
+            raise
+        finally:
+            exchange.end()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._broken = exc
+        logger.debug("the vw engine of %r failed: %s", self, exc)
+        if self.restart_on_crash and not self._closed:
+            self._begin_replacement("the engine failed")
+
+    def _begin_replacement(self, reason: str) -> None:
+        if self._starting is not None:
+            return
+        old, self._engine, self._channel = self._engine, None, None
+        if old is not None and not old.closed:
+            old.kill()
+            old.close(0.5)
+        level = logging.WARNING if self._broken is not None else logging.INFO
+        logger.log(level, "starting a new vw engine in the background (%s)", reason)
+        self._starting = asyncio.ensure_future(self._start_engine())
+
+    # -------------------------------------------------------- call control
+
+    async def _begin_call(self, deadline: Optional[float],
+                          metrics: Optional[Dict[str, Any]]) -> bool:
+        """Wait for the turn (until the deadline, else ``io_timeout_s``) and
+        for an engine (starting a replacement where one is due).
+
+        :returns: ``False`` when the deadline passed first (the turn is not held)
+        :raises VowpalWabbitBusyError: without a deadline, after ``io_timeout_s``
+        """
+        began = _clock()
+        contended = self._turn.busy
+        limit = deadline
+        if limit is None and self.io_timeout_s is not None:
+            limit = began + self.io_timeout_s
+        held = await self._turn.acquire(limit)
+        waited = _clock() - began
+        if metrics is not None:
+            metrics["lock_wait_time"] = waited
+        if contended:
+            self._note_contention(waited, metrics)
+        if not held:
+            if deadline is not None:
+                return False
+            raise VowpalWabbitBusyError(
+                f"another task's call held this {type(self).__name__} for {waited:.3g} s; "
+                "calls on one object are served one at a time", argv=self.argv)
+        try:
+            if not await self._ensure_engine(deadline, metrics):
+                self._turn.release()
+                return False
+        except BaseException:
+            self._turn.release()
+            raise
+        return True
+
+    async def _ensure_engine(self, deadline: Optional[float],
+                             metrics: Optional[Dict[str, Any]]) -> bool:
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._engine is not None and self._broken is None:
+            return True
+        if self._engine is None and self._in_forked_child():
+            if not self.restart_after_fork:
+                raise self._fork_error()
+            self._begin_replacement(f"this process ({os.getpid()}) is a fork of "
+                                    f"{self._owner_pid}")
+        elif self._broken is not None:
+            if not self.restart_on_crash:
+                raise VowpalWabbitError(
+                    f"the vw engine of this {type(self).__name__} failed earlier and can no "
+                    "longer be used; call restart() (or create the object with "
+                    f"restart_on_crash=True) or close() it (cause: {self._broken})"
+                ) from self._broken
+            self._begin_replacement("the engine failed")
+        elif self._starting is None:
+            self._starting = asyncio.ensure_future(self._start_engine())
+        if self._ever_started and metrics is not None:
+            metrics["restarts"] = 1
+        starting = self._starting
+        assert starting is not None
+        timeout = None if deadline is None else max(0.0, deadline - _clock())
+        await asyncio.wait({starting}, timeout=timeout)
+        if not starting.done():
+            return False
+        self._starting = None
+        engine = starting.result()  # raises what the start raised
+        self._adopt(engine)
+        logger.log(logging.WARNING if self._restart_count else logging.INFO,
+                   "vw[%d] is serving %r", engine.pid, self)
+        return True
+
+    # ------------------------------------------------------------- predict
+
+    async def predict(self, common_features: Any, items_features: Iterable[Any],
+                      timeout: Optional[float] = None, debug_info: Any = None,
+                      metrics: Optional[Dict[str, Any]] = None,
+                      detailed_metrics: Optional[Dict[str, Any]] = None) -> List[Any]:
+        """Predictions for the items, in item order, by the deadline.
+
+        :param common_features: passed to ``format_common_features``
+        :param items_features: one entry per item
+        :param timeout: seconds; ``None``: no limit (then ``io_timeout_s`` of
+            silence raises :class:`~subwabbit.errors.VowpalWabbitTimeoutError`)
+        :param debug_info: passed to every formatter call
+        :param metrics: as :meth:`VowpalWabbitNonBlockingProcess.predict
+            <subwabbit.nonblocking.VowpalWabbitNonBlockingProcess.predict>`
+        :param detailed_metrics: as the nonblocking class
+        :returns: the predictions returned by the deadline (a prefix of the items)
+        :raises ValueError: when a formatted line is not exactly one example
+        :raises VowpalWabbitEngineExitedError: when the engine dies (within the deadline)
+        """
+        start = _clock()
+        deadline = deadline_from_timeout(timeout, start=start)
+        self._require_predictions("predict")
+        metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
+        predictions: List[Any] = []
+        exchange: Optional[PredictExchange] = None
+        held = False
+        try:
+            held = await self._begin_call(deadline, metrics)
+            if not held:
+                return predictions
+            assert self._channel is not None
+            channel = self._channel
+            common_part = format_common_part(self.formatter, common_features, debug_info)
+            call = channel.begin()
+            if metrics is not None:
+                metrics["prepare_time"] = _clock() - start
+                metrics["before_cleanup_pending_lines"] = channel.stale_lines
+            exchange = PredictExchange(
+                channel, call, formatter=self.formatter, common_part=common_part,
+                common_features=common_features, items=items_features, debug_info=debug_info,
+                parse=self.parse_predictions, pacing=self._pacing(), deadline=deadline,
+                idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock)
+            predictions = await self._run(exchange, detailed_metrics)
+            return predictions
+        finally:
+            if metrics is not None:
+                if exchange is not None:
+                    cleared = exchange.cleared_at
+                    metrics["cleanup_time"] = (_clock() if cleared is None else
+                                               max(cleared, start)) - start
+                    metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
+                    metrics["num_lines"] = exchange.returned
+                else:
+                    metrics.setdefault("before_cleanup_pending_lines", self.pending_lines)
+                    metrics["cleanup_time"] = _clock() - start
+                    metrics["after_cleanup_pending_lines"] = self.pending_lines
+                metrics["total_time"] = _clock() - start
+            if exchange is not None:
+                exchange.end()
+            if held:
+                self._turn.release()
+            self._finish_call("predict", metrics)
+
+    # --------------------------------------------------------------- others
+
+    async def train(self, common_features: Any, items_features: Iterable[Any],
+                    labels: Iterable[Label], weights: Iterable[Optional[float]],
+                    debug_info: Any = None) -> None:
+        """Learn from labelled items; returns once the engine has learnt them.
+
+        Every example is formatted and checked before the first one is sent.
+
+        :raises ValueError: see :meth:`VowpalWabbitProcess.train
+            <subwabbit.blocking.VowpalWabbitProcess.train>`
+        """
+        start = _clock()
+        self._require_predictions("train")
+        lines = self._format_training_lines(common_features, items_features, labels, weights,
+                                            debug_info)
+        metrics = self._train_metrics()
+        learnt = 0
+        try:
+            await self._call(None, metrics)
+            try:
+                assert self._channel is not None
+                if lines:
+                    await self._run(SendExchange(self._channel, self._channel.begin(keep=False),
+                                                 lines, self.io_timeout_s))
+            finally:
+                self._turn.release()
+            learnt = len(lines)
+        finally:
+            self._finish_train(metrics, start, learnt)
+
+    async def _call(self, deadline: Optional[float],
+                    metrics: Optional[Dict[str, Any]] = None) -> None:
+        """Take the turn for a call that must run (raise instead of returning nothing)."""
+        if not await self._begin_call(deadline, metrics):
+            raise VowpalWabbitTimeoutError("the deadline passed before the engine was free",
+                                           argv=self.argv)
+
+    async def save(self, path: str, timeout: Optional[float] = None) -> None:
+        """Save the model to ``path`` now, atomically, while the engine keeps
+        serving (see :meth:`VowpalWabbitProcess.save
+        <subwabbit.process_model.VowpalWabbitProcessModel.save>`).
+
+        :raises VowpalWabbitError: when the engine fails or times out
+        """
+        deadline = deadline_from_timeout(timeout)
+        await self._call(deadline)
+        try:
+            engine, channel = self._engine, self._channel
+            assert engine is not None and channel is not None
+            save = ModelSave(str(path))
+            try:
+                exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
+                                         self.io_timeout_s, control=save.command)
+                await self._run(exchange)
+                if exchange.timed_out:
+                    error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
+                    engine.add_context(error)
+                    self._fail(error)
+                    raise error
+                if not save.finish():
+                    raise VowpalWabbitError(f"the vw engine did not write its model to "
+                                            f"{save.target}", argv=self.argv,
+                                            stderr_tail=engine.stderr_tail())
+            finally:
+                save.clean_up()
+        finally:
+            self._turn.release()
+
+    async def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Any:
+        """Audit one example (needs ``audit_mode=True``); see
+        :meth:`VowpalWabbitProcess.explain_vw_line
+        <subwabbit.process_model.VowpalWabbitProcessModel.explain_vw_line>`.
+
+        :returns: ``(raw prediction, explanation string)``
+        """
+        del link_function
+        if not self.audit_mode:
+            raise VowpalWabbitError("explain_vw_line() needs a process created with audit_mode=True")
+        check_line(vw_line)
+        await self._call(None)
+        try:
+            assert self._channel is not None
+            exchange = AuditExchange(self._channel, self._channel.begin(), vw_line,
+                                     self.io_timeout_s)
+            await self._run(exchange)
+            raw, features, _prediction = exchange.answer
+            return parse_scalar(raw), features.decode("utf-8", "replace").strip("\t\r ")
+        finally:
+            self._turn.release()
+
+    async def cleanup(self, timeout: Optional[float] = None) -> bool:
+        """Read and discard what earlier calls left in flight.
+
+        :param timeout: seconds to stop after, or ``None``
+        :returns: whether nothing is left in flight
+        """
+        deadline = deadline_from_timeout(timeout)
+        if not await self._begin_call(deadline, None):
+            return False
+        try:
+            assert self._channel is not None
+            channel = self._channel
+            if channel.stale_lines:
+                await self._run(CleanupExchange(channel, channel.begin(keep=False), deadline,
+                                                self.io_timeout_s))
+            return not channel.stale_lines
+        finally:
+            self._turn.release()
+
+    async def restart(self, timeout: float = 5.0) -> None:
+        """Replace the engine with a fresh one started with the same command
+        (after any failure, or on a healthy engine).
+
+        :param timeout: seconds the old engine gets to exit
+        :raises VowpalWabbitStartupError: when the new engine cannot start
+        """
+        validate_seconds(timeout, "timeout", allow_none=False)
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        began = _clock()
+        limit = None if self.io_timeout_s is None else began + self.io_timeout_s
+        if not await self._turn.acquire(limit):
+            raise VowpalWabbitBusyError("another task's call held the object too long",
+                                        argv=self.argv)
+        try:
+            starting, self._starting = self._starting, None
+            if starting is not None:
+                starting.cancel()
+                try:
+                    stale = await starting
+                    stale.abort()
+                except BaseException:  # pylint: disable=broad-except
+                    pass
+            old, self._engine, self._channel = self._engine, None, None
+            if old is not None and not old.closed:
+                old.close_input()
+                await self._await_exit(old, _clock() + (0.5 if self._broken else timeout),
+                                       drain=True)
+                if old.returncode is None:
+                    old.kill()
+                    await self._await_exit(old, _clock() + 1.0)
+                try:
+                    old.close(0.1)
+                except VowpalWabbitError as exc:
+                    logger.warning("the replaced vw engine failed: %s", exc)
+            self._owner_pid = os.getpid()
+            try:
+                engine = await self._start_engine()
+            except VowpalWabbitError as exc:
+                self._broken = exc
+                raise
+            self._adopt(engine)
+            logger.warning("restarted the vw engine: now vw[%d], restart #%d", engine.pid,
+                           self._restart_count)
+        finally:
+            self._turn.release()
+
+
+async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:
+    """Wait with the event loop until stdout is readable, stdin writable (when
+    ``write``), or ``until`` (a :func:`time.perf_counter` value)."""
+    loop = asyncio.get_running_loop()
+    remaining = None if until is None else until - _clock()
+    if remaining is not None and remaining <= _LOOP_TIMER_SLACK_S:
+        # The loop cannot sleep this precisely: yield once and look again.
+        await asyncio.sleep(0)
+        return
+    ready: "asyncio.Future[None]" = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(engine.stdout_fd, wake)
+    if write:
+        loop.add_writer(engine.stdin_fd, wake)
+    timer = None if remaining is None else loop.call_later(remaining - _LOOP_TIMER_SLACK_S, wake)
+    try:
+        await ready
+    finally:
+        if timer is not None:
+            timer.cancel()
+        loop.remove_reader(engine.stdout_fd)
+        if write:
+            loop.remove_writer(engine.stdin_fd)

@@ -1,0 +1,309 @@
+"""The asyncio client against the real engine, on real event loops."""
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
+                       VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
+
+from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
+                      scoring_args)
+
+
+def items(count, start=0):
+    return [{"id": (start + index) % 50} for index in range(count)]
+
+
+def expected_for(formatter, trained_model, tmp_path, common, its):
+    return expected_scalars(format_lines(formatter, common, its), scoring_args(trained_model),
+                            tmp_path)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.mark.parametrize("count", [0, 1, 49, 50, 51, 777])
+def test_predictions_equal_engine_reading_a_file(trained_model, tmp_path, count):
+    formatter = DictFormatter()
+    common = {"user": 4, "ctx": ["k2"]}
+    expected = expected_for(formatter, trained_model, tmp_path, common, items(count))
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            return await model.predict(common, items(count))
+
+    assert run(main()) == expected
+
+
+def test_train_save_and_explain(tmp_path):
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+            for _ in range(10):
+                await model.train("|u a", ["|i b", "|i c"], [1, -1], [None, None])
+            scores = await model.predict("|u a", ["|i b", "|i c"])
+            await model.save(str(tmp_path / "m.vw"))
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                            ["-i", str(tmp_path / "m.vw"), "--quiet"],
+                                            audit_mode=True) as auditor:
+            raw, explanation = await auditor.explain_vw_line("|u a |i b")
+        return scores, raw, explanation
+
+    scores, raw, explanation = run(main())
+    assert scores[0] > 0 > scores[1]
+    assert raw == pytest.approx(scores[0], abs=1e-5)
+    assert "i^b" in explanation
+
+
+def test_returns_by_deadline_and_the_next_call_is_exact(trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 1}
+    many = items(100000)
+    expected_small = expected_for(formatter, trained_model, tmp_path, common, items(40, 3))
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            began = time.perf_counter()
+            metrics = {}
+            first = await model.predict(common, many, timeout=0.010, metrics=metrics)
+            elapsed = time.perf_counter() - began
+            second = await model.predict(common, items(40, 3))
+            return first, elapsed, second, metrics
+
+    first, elapsed, second, metrics = run(main())
+    assert elapsed < 0.010 + 0.040  # generous: a shared 2-core machine
+    assert 0 < len(first) < len(many) and metrics["num_lines"] == len(first)
+    assert first == expected_for(formatter, trained_model, tmp_path, common, many[:len(first)])
+    assert second == expected_small
+
+
+def test_many_tasks_are_served_in_arrival_order_each_with_its_own_predictions(trained_model,
+                                                                               tmp_path):
+    formatter = DictFormatter()
+    requests = [({"user": index % 9, "ctx": [f"k{index % 4}"]}, items(20 + 37 * index, index))
+                for index in range(12)]
+    expected = [expected_for(formatter, trained_model, tmp_path, common, its)
+                for common, its in requests]
+    finished = []
+
+    async def one(model, index):
+        common, its = requests[index]
+        got = await model.predict(common, its)
+        finished.append(index)
+        return got
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            return await asyncio.gather(*(one(model, index) for index in range(len(requests))))
+
+    results = run(main())
+    assert results == expected
+    assert finished == sorted(finished)
+
+
+def test_a_task_whose_deadline_passes_while_waiting_gets_nothing(trained_model):
+    formatter = DictFormatter()
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            long_call = asyncio.ensure_future(model.predict({"user": 1}, items(200000)))
+            await asyncio.sleep(0.01)
+            metrics = {}
+            began = time.perf_counter()
+            short = await model.predict({"user": 2}, items(5), timeout=0.02, metrics=metrics)
+            elapsed = time.perf_counter() - began
+            everything = await long_call
+            return short, elapsed, metrics, len(everything)
+
+    short, elapsed, metrics, long_count = run(main())
+    assert short == [] and metrics["num_lines"] == 0
+    assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] >= 0.02
+    assert elapsed < 0.02 + 0.05
+    assert long_count == 200000
+
+
+@pytest.mark.parametrize("how", ["wait_for", "cancel"])
+def test_a_cancelled_call_leaves_the_object_exact(trained_model, tmp_path, how):
+    formatter = DictFormatter()
+    common = {"user": 6}
+    expected = expected_for(formatter, trained_model, tmp_path, common, items(300, 9))
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            for round_index in range(5):
+                call = model.predict(common, items(100000))
+                if how == "wait_for":
+                    with pytest.raises(asyncio.TimeoutError):
+                        await asyncio.wait_for(call, 0.003 * (round_index + 1))
+                else:
+                    task = asyncio.ensure_future(call)
+                    await asyncio.sleep(0.003 * (round_index + 1))
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                assert await model.predict(common, items(300, 9)) == expected
+
+    run(main())
+
+
+def test_the_loop_keeps_running_during_a_long_call(trained_model):
+    """A call never holds the event loop: a ticker task keeps ticking."""
+    formatter = DictFormatter()
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            ticks = []
+            stop = asyncio.Event()
+
+            async def ticker():
+                while not stop.is_set():
+                    ticks.append(time.perf_counter())
+                    await asyncio.sleep(0)
+
+            task = asyncio.ensure_future(ticker())
+            await asyncio.sleep(0)
+            began = time.perf_counter()
+            got = await model.predict({"user": 1}, items(30000))
+            elapsed = time.perf_counter() - began
+            stop.set()
+            await task
+            return len(got), elapsed, [t for t in ticks if began <= t <= began + elapsed]
+
+    count, elapsed, ticks = run(main())
+    assert count == 30000
+    # one turn at least every half millisecond of work; generous for a shared machine
+    assert len(ticks) >= elapsed / 0.005, (len(ticks), elapsed)
+
+
+def test_engine_killed_mid_call_raises_and_restart_recovers(trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 3}
+    expected = expected_for(formatter, trained_model, tmp_path, common, items(500))
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model)) as model:
+            first_pid = model.pid
+            call = asyncio.ensure_future(model.predict(common, items(500000), timeout=5.0))
+            await asyncio.sleep(0.02)
+            os.kill(first_pid, signal.SIGKILL)
+            with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+                await call
+            assert caught.value.returncode == -signal.SIGKILL
+            with pytest.raises(VowpalWabbitError, match="failed earlier"):
+                await model.predict(common, items(3))
+            await model.restart()
+            assert model.pid != first_pid and model.restart_count == 1
+            return await model.predict(common, items(500))
+
+    assert run(main()) == expected
+
+
+def test_restart_on_crash_never_holds_a_call_past_its_deadline(trained_model, tmp_path):
+    formatter = DictFormatter()
+    common = {"user": 8}
+    expected = expected_for(formatter, trained_model, tmp_path, common, items(200))
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model),
+                                            restart_on_crash=True) as model:
+            first_pid = model.pid
+            os.kill(first_pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+            with pytest.raises(VowpalWabbitEngineExitedError):
+                await model.predict(common, items(200), timeout=1.0)
+            lateness, empty_with_restart = [], 0
+            for _ in range(200):
+                metrics = {}
+                began = time.perf_counter()
+                got = await model.predict(common, items(200), timeout=0.010, metrics=metrics)
+                lateness.append(time.perf_counter() - began - 0.010)
+                if got == [] and metrics["restarts"] == 1:
+                    empty_with_restart += 1
+                if got:
+                    assert got == expected[:len(got)]
+                    break
+            final = await model.predict(common, items(200))
+            return lateness, empty_with_restart, final, model.pid != first_pid, model.restart_count
+
+    lateness, empty_with_restart, final, new_pid, restarts = run(main())
+    assert empty_with_restart >= 1  # the wheel engine takes ~100 ms to start
+    assert max(lateness) < 0.030, lateness
+    assert final == expected and new_pid and restarts == 1
+
+
+def test_startup_failures_raise_with_the_engines_words():
+    async def main(args, command=None):
+        async with AsyncVowpalWabbitProcess(DictFormatter(), args, vw_command=command):
+            pass
+
+    with pytest.raises(VowpalWabbitStartupError, match="no_such_option"):
+        run(main(["--no_such_option", "--quiet"]))
+    with pytest.raises(VowpalWabbitStartupError, match="cannot run"):
+        run(main(["--quiet"], "/nonexistent/vw"))
+
+
+SILENT_ENGINE = "import sys, time\nsys.stdin.readline()\ntime.sleep(60)\n"
+
+
+def test_a_silent_engine_fails_start_up_close_to_the_timeout(tmp_path):
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT_ENGINE)
+    before = children_of_this_process()
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), [], startup_timeout_s=0.5,
+                                         vw_command=[sys.executable, str(script)])
+        began = time.perf_counter()
+        with pytest.raises(VowpalWabbitStartupError, match="did not answer a probe"):
+            await model.start()
+        return time.perf_counter() - began
+
+    assert 0.5 <= run(main()) < 0.5 + 0.2
+    assert children_of_this_process() == before
+
+
+STUBBORN_ENGINE = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for line in sys.stdin:
+        sys.stdout.write("0\\n")
+        sys.stdout.flush()
+    while True:
+        time.sleep(1)
+""")
+
+
+def test_close_of_a_stubborn_engine_keeps_the_loop_running(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN_ENGINE)
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), [],
+                                         vw_command=[sys.executable, str(script)])
+        await model.start()
+        assert await model.predict("|a", ["|b x"] * 3) == [0.0, 0.0, 0.0]
+        pid = model.pid
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(ticker())
+        began = time.perf_counter()
+        await model.close(timeout=1.0)
+        elapsed = time.perf_counter() - began
+        task.cancel()
+        return pid, elapsed, len(ticks)
+
+    pid, elapsed, ticks = run(main())
+    assert elapsed < 1.0 + 0.1
+    assert ticks >= 20  # the loop ran throughout
+    assert pid not in children_of_this_process()
