@@ -109,3 +109,9 @@ def test_file_runs_check_one_prediction_per_line_from_the_real_engine(tmp_path):
                          predictions=True, via_stdin=via_stdin)
         with pytest.raises(RuntimeError, match="printed 2 predictions for 3 lines"):
             short.run()
+
+
+def test_loop_stall_benchmark_runs():
+    output = run_module("benchmarks.loop_stall", "--requests", "3", "--pretrain-lines", "2000")
+    assert "AsyncVowpalWabbitProcess (timeout=0.01): longest loop stall per call, ms: p50" in output
+    assert "VowpalWabbitNonBlockingProcess called in a coroutine" in output
