@@ -27,7 +27,7 @@ from .lines import check_line, parse_scalar, parse_scalars
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
 from .saving import ModelSave
-from .sync_driver import check_probe_result, pump
+from .transfer import check_probe_result, pump
 
 logger = logging.getLogger("subwabbit")
 
@@ -502,18 +502,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             predictions = await self._run(exchange, detailed_metrics)
             return predictions
         finally:
-            if metrics is not None:
-                if exchange is not None:
-                    cleared = exchange.cleared_at
-                    metrics["cleanup_time"] = (_clock() if cleared is None else
-                                               max(cleared, start)) - start
-                    metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
-                    metrics["num_lines"] = exchange.returned
-                else:
-                    metrics.setdefault("before_cleanup_pending_lines", self.pending_lines)
-                    metrics["cleanup_time"] = _clock() - start
-                    metrics["after_cleanup_pending_lines"] = self.pending_lines
-                metrics["total_time"] = _clock() - start
+            self._finish_predict_metrics(metrics, exchange, start, self.pending_lines, True)
             if exchange is not None:
                 exchange.end()
             if held:
@@ -580,10 +569,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     engine.add_context(error)
                     self._fail(error)
                     raise error
-                if not save.finish():
-                    raise VowpalWabbitError(f"the vw engine did not write its model to "
-                                            f"{save.target}", argv=self.argv,
-                                            stderr_tail=engine.stderr_tail())
+                save.finish(engine)
             finally:
                 save.clean_up()
         finally:

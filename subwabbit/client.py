@@ -139,6 +139,32 @@ class ClientBase:
         except Exception:  # pylint: disable=broad-except
             logger.exception("metrics_hook raised; ignoring it")
 
+    @staticmethod
+    def _finish_predict_metrics(metrics: Optional[Dict[str, Any]], exchange: Any, start: float,
+                                pending_lines: int, leftovers: bool) -> None:
+        """Fill a ``predict`` call's closing metrics, however it ended.
+
+        :param exchange: the call's :class:`~subwabbit.core.exchanges.PredictExchange`,
+            or ``None`` when it never began
+        :param pending_lines: lines in flight, for a call that never began
+        :param leftovers: whether the class reports earlier calls' leftovers
+            (``cleanup_time`` and the ``*_cleanup_pending_lines`` keys)
+        """
+        if metrics is None:
+            return
+        now = time.perf_counter()
+        if leftovers:
+            if exchange is not None:
+                cleared = exchange.cleared_at
+                metrics["cleanup_time"] = (now if cleared is None else max(cleared, start)) - start
+                metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
+            else:
+                metrics.setdefault("before_cleanup_pending_lines", pending_lines)
+                metrics["cleanup_time"] = now - start
+                metrics["after_cleanup_pending_lines"] = pending_lines
+        metrics["num_lines"] = exchange.returned if exchange is not None else 0
+        metrics["total_time"] = now - start
+
     def _note_contention(self, waited_s: float, metrics: Optional[Dict[str, Any]]) -> None:
         """Count and (once a minute at most) log that a call waited for another."""
         if metrics is not None:

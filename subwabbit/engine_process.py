@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - not on Linux
     fcntl = termios = None  # type: ignore[assignment]
 
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError,
-                     VowpalWabbitTimeoutError, describe_returncode)
+                     describe_returncode)
 
 logger = logging.getLogger("subwabbit.engine")
 

@@ -11,11 +11,12 @@ import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
+# AUDIT_LINES_PER_EXAMPLE and DEFAULT_IO_TIMEOUT_S stay importable from here, as in 3.0.
 from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase,  # noqa: F401
                      MetricsHook)
 from .command import VwArgs
 from .core.channel import Channel
-from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
+from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part)
 from .deadlines import deadline_from_timeout, validate_seconds
 from .engine_process import EngineProcess
@@ -503,22 +504,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                     yielded += 1  # counted before the caller can stop at this yield
                     yield prediction
         finally:
+            self._finish_predict_metrics(metrics, exchange, start, self.pending_lines,
+                                         pacing.hard_deadline)
+            if metrics is not None:
+                metrics["num_lines"] = yielded  # what the caller received
             if exchange is not None:
-                if metrics is not None and pacing.hard_deadline:
-                    cleared = exchange.cleared_at
-                    metrics["cleanup_time"] = (clock() if cleared is None else
-                                               max(cleared, start)) - start
-                    metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
                 exchange.end()
-            elif metrics is not None and pacing.hard_deadline:
-                metrics.setdefault("before_cleanup_pending_lines", self.pending_lines)
-                metrics["cleanup_time"] = clock() - start
-                metrics["after_cleanup_pending_lines"] = self.pending_lines
             if token is not None:
                 self._end_turn(token)
-            if metrics is not None:
-                metrics["num_lines"] = yielded
-                metrics["total_time"] = clock() - start
             self._finish_call("predict", metrics)
 
     # -------------------------------------------------------------- train
@@ -593,10 +586,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                     except ENGINE_FAILURES as exc:
                         self._fail(exc)
                         raise
-                if not save.finish():
-                    raise VowpalWabbitError(f"the vw engine did not write its model to "
-                                            f"{save.target}", argv=self.argv,
-                                            stderr_tail=engine.stderr_tail())
+                save.finish(engine)
             finally:
                 save.clean_up()
         logger.info("vw[%d] saved its model to %s", engine.pid, save.target)

@@ -8,6 +8,9 @@ name beside the target and renames that to the target afterwards.
 
 import os
 import uuid
+from typing import Any
+
+from .errors import VowpalWabbitError
 
 
 class ModelSave:
@@ -33,15 +36,16 @@ class ModelSave:
         """Whether the engine has written the side file."""
         return os.path.exists(self.side)
 
-    def finish(self) -> bool:
+    def finish(self, engine: Any) -> None:
         """Move the side file to the target.
 
-        :returns: ``False`` when the engine wrote no file
+        :param engine: the :class:`~subwabbit.engine_process.EngineProcess`, for the error
+        :raises VowpalWabbitError: when the engine wrote no file
         """
         if not self.written():
-            return False
+            raise VowpalWabbitError(f"the vw engine did not write its model to {self.target}",
+                                    argv=engine.argv, stderr_tail=engine.stderr_tail())
         os.replace(self.side, self.target)
-        return True
 
     def clean_up(self) -> None:
         """Remove what a failed or abandoned save left beside the target."""

@@ -12,43 +12,9 @@ from .core.channel import Channel
 from .core.exchanges import Exchange, ProbeExchange
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitEngineExitedError, VowpalWabbitTimeoutError
+from .transfer import check_probe_result, pump
 
 _clock = time.perf_counter
-
-
-def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[float],
-         detailed: Optional[Dict[str, List[Any]]] = None) -> bool:
-    """Write what the stdin pipe takes and read what stdout holds, once each.
-
-    :param status_deadline: how long an error report may wait for a dead
-        engine's exit status (the call's hard deadline, if any)
-    :param detailed: when given, receives ``sending_*``/``receiving_*`` entries
-    :returns: whether any byte moved
-    :raises VowpalWabbitEngineExitedError: at EOF or a broken pipe
-    """
-    moved = False
-    if channel.unwritten_bytes:
-        began = _clock()
-        written = channel.write_with(lambda view: engine.write_some(view, status_deadline))
-        moved = written > 0
-        if detailed is not None:
-            now = _clock()
-            detailed["sending_lines_time"].append((now, now - began))
-            if "sending_bytes" in detailed:
-                detailed["sending_bytes"].append((now, written))
-    if engine.prints_answers:
-        began = _clock()
-        data = engine.read_some(status_deadline)
-        if data:
-            channel.receive(data)
-            moved = True
-        if detailed is not None:
-            now = _clock()
-            detailed["receiving_lines_time"].append((now, now - began))
-            if "receiving_bytes" in detailed:
-                detailed["receiving_bytes"].append((now, len(data)))
-                detailed["pending_lines"].append((now, channel.in_flight_lines))
-    return moved
 
 
 def drive(engine: EngineProcess, exchange: Exchange,
@@ -119,19 +85,6 @@ def check_answers_probe(engine: EngineProcess, channel: Channel, deadline: float
         output = engine.read_until_eof(_clock() + 1.0)
         raise engine.startup_error("the vw engine exited during start-up", output) from exc
     check_probe_result(engine, exchange)
-
-
-def check_probe_result(engine: EngineProcess, exchange: ProbeExchange) -> None:
-    """Raise the start-up error a finished probe exchange calls for, if any."""
-    if exchange.timed_out:
-        raise engine.startup_error(
-            "the vw engine did not answer a probe example during start-up "
-            "(is the model multi-line, or is it still loading?)", wait_for_exit=False)
-    answer = exchange.answer
-    if answer and answer[0].startswith(b"["):
-        # A real vw prints fatal errors as log lines on stdout, then exits.
-        output = b"\n".join(answer) + b"\n" + engine.read_until_eof(_clock() + 2.0)
-        raise engine.startup_error("the vw engine failed during start-up", output)
 
 
 def await_input_consumed(engine: EngineProcess, deadline: float) -> None:
