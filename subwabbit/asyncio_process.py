@@ -226,7 +226,15 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     async def _start_engine(self) -> EngineProcess:
         deadline = _clock() + self.startup_timeout_s
-        engine = EngineProcess(self.argv)
+        # Spawning (fork/exec, the stderr reader thread) takes milliseconds:
+        # done on the loop's executor, so that it never holds the loop.
+        loop = asyncio.get_running_loop()
+        spawn = loop.run_in_executor(None, EngineProcess, self.argv)
+        try:
+            engine = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            spawn.add_done_callback(_abort_spawned)
+            raise
         try:
             if self.pipe_buffer_size_bytes is not None:
                 engine.set_pipe_size(self.pipe_buffer_size_bytes)
@@ -663,6 +671,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
                            self._restart_count)
         finally:
             self._turn.release()
+
+
+def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
+    """Kill an engine whose start was cancelled while it was being spawned."""
+    if not spawn.cancelled() and spawn.exception() is None:
+        spawn.result().abort()
 
 
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:

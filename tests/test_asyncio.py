@@ -307,3 +307,44 @@ def test_close_of_a_stubborn_engine_keeps_the_loop_running(tmp_path):
     assert elapsed < 1.0 + 0.1
     assert ticks >= 20  # the loop ran throughout
     assert pid not in children_of_this_process()
+
+
+def test_a_start_cancelled_while_spawning_leaves_no_engine_behind():
+    before = children_of_this_process()
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"])
+        task = asyncio.ensure_future(model.start())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the spawn finishes on its thread and is aborted
+        await model.close()
+
+    run(main())
+    deadline = time.monotonic() + 5
+    while children_of_this_process() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children_of_this_process() == before
+
+
+def test_metrics_detailed_metrics_and_the_hook(trained_model):
+    hooked = []
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                            metrics_hook=hooked.append) as model:
+            metrics, detailed = {}, {}
+            got = await model.predict({"user": 1}, items(500), metrics=metrics,
+                                      detailed_metrics=detailed)
+            return got, metrics, detailed
+
+    got, metrics, detailed = run(main())
+    assert metrics["num_lines"] == len(got) == 500
+    assert set(metrics) >= {"prepare_time", "total_time", "lock_wait_time", "restarts",
+                            "cleanup_time", "before_cleanup_pending_lines",
+                            "after_cleanup_pending_lines", "waited_for_other_call"}
+    assert sum(value for _, value in detailed["receiving_bytes"]) > 500
+    assert detailed["generating_lines_time"] and detailed["pending_lines"]
+    assert hooked[-1]["method"] == "predict" and hooked[-1]["num_lines"] == 500
