@@ -19,7 +19,7 @@ from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part)
-from .deadlines import deadline_from_timeout, validate_seconds
+from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
@@ -486,6 +486,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         start = _clock()
         deadline = deadline_from_timeout(timeout, start=start)
+        warn_if_milliseconds(timeout)
         self._require_predictions("predict")
         metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
         predictions: List[Any] = []
@@ -520,7 +521,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
     # --------------------------------------------------------------- others
 
     async def train(self, common_features: Any, items_features: Iterable[Any],
-                    labels: Iterable[Label], weights: Iterable[Optional[float]],
+                    labels: Iterable[Label], weights: Optional[Iterable[Optional[float]]] = None,
                     debug_info: Any = None) -> None:
         """Learn from labelled items; returns once the engine has learnt them.
 

@@ -171,7 +171,7 @@ class VowpalWabbitBaseModel(ABC):
 
     @abstractmethod
     def train(self, common_features: Any, items_features: Iterable[Any],
-              labels: Iterable[Label], weights: Iterable[Optional[float]],
+              labels: Iterable[Label], weights: Optional[Iterable[Optional[float]]] = None,
               debug_info: Any = None) -> None:
         """Learn from labelled items.
 

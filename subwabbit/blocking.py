@@ -117,7 +117,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
     # -------------------------------------------------------------- train
 
     def train(self, common_features: Any, items_features: Iterable[Any],
-              labels: Iterable[Label], weights: Iterable[Optional[float]],
+              labels: Iterable[Label], weights: Optional[Iterable[Optional[float]]] = None,
               debug_info: Any = None) -> None:
         """Learn from labelled items.
 
@@ -130,7 +130,9 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         :param common_features: passed to ``format_common_features``
         :param items_features: one entry per item
         :param labels: one label per item (a number, or a label string such as ``'0,1'``)
-        :param weights: one importance weight or ``None`` per item
+        :param weights: one importance weight or ``None`` per item (``None``:
+            no weights). Lists must match the items in length; other
+            iterables (``itertools.repeat(None)``) are read as far as the items go
         :param debug_info: passed to every formatter call
         :raises ValueError: for mismatched lengths, non-finite labels or weights,
             or a formatted line that is not exactly one example

@@ -8,6 +8,7 @@ the asyncio class (:mod:`subwabbit.asyncio_process`) build on
 base: the I/O is theirs, everything else is here once.
 """
 
+import itertools
 import logging
 import math
 import numbers
@@ -190,10 +191,10 @@ class ClientBase:
     def _format_training_lines(self, common_features: Any, items_features: Any, labels: Any,
                                weights: Any, debug_info: Any) -> List[str]:
         """Format and check every labelled example before anything is sent."""
-        items, labels, weights = list(items_features), list(labels), list(weights)
-        if not len(items) == len(labels) == len(weights):
-            raise ValueError(f"items_features, labels and weights differ in length: "
-                             f"{len(items)}, {len(labels)}, {len(weights)}")
+        items = list(items_features)
+        labels = _take_along(labels, len(items), "labels")
+        weights = ([None] * len(items) if weights is None
+                   else _take_along(weights, len(items), "weights"))
         for index, label in enumerate(labels):
             _check_label(label, index)
         for index, weight in enumerate(weights):
@@ -276,6 +277,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _take_along(values: Any, count: int, what: str) -> List[Any]:
+    """The first ``count`` values of ``values``, one per item.
+
+    A sized collection (a list, a NumPy array) must have exactly ``count``
+    values: a different length is almost always a bug that would pair labels
+    with the wrong items. Any other iterable (a generator,
+    ``itertools.repeat(None)``) is read only as far as the items go, as 2.x's
+    ``zip`` did.
+
+    :raises ValueError: when the lengths differ, or the iterable runs out first
+    """
+    if hasattr(values, "__len__"):
+        taken = list(values)
+        if len(taken) != count:
+            raise ValueError(f"items_features and {what} differ in length: {count} items, "
+                             f"{len(taken)} {what}")
+        return taken
+    taken = list(itertools.islice(values, count))
+    if len(taken) < count:
+        raise ValueError(f"{what} ran out after {len(taken)} of {count} items")
+    return taken
+
+
 def _check_number(value: Any, what: str) -> None:
     kind = type(value)
     if kind is int:
@@ -289,6 +313,8 @@ def _check_number(value: Any, what: str) -> None:
 
 
 def _check_label(label: Label, index: int) -> None:
+    if label is None:
+        raise ValueError(f"labels[{index}] is None; every trained item needs a label")
     if isinstance(label, str):
         if not label or any(ch.isspace() or ch in "|" for ch in label):
             raise ValueError(f"labels[{index}] must be a non-empty label without spaces or '|', "

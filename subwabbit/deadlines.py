@@ -4,7 +4,9 @@ All deadlines in subwabbit are :func:`time.perf_counter` values.
 """
 
 import math
+import numbers
 import time
+import warnings
 from typing import Optional
 
 
@@ -22,7 +24,7 @@ def validate_seconds(value: Optional[float], name: str, allow_none: bool = True)
         if allow_none:
             return None
         raise ValueError(f"{name} must be a number of seconds, not None")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
     try:
         value = float(value)
@@ -48,6 +50,30 @@ def deadline_from_timeout(timeout: Optional[float], name: str = "timeout",
     if seconds is None:
         return None
     return (time.perf_counter() if start is None else start) + seconds
+
+
+#: A ``predict`` timeout above this many seconds is almost always milliseconds
+#: passed as seconds (``timeout=10`` meant as 10 ms); it is warned about once.
+SUSPICIOUS_TIMEOUT_S = 2.0
+_warned_about_timeout = False
+
+
+def warn_if_milliseconds(timeout: Optional[float]) -> None:
+    """Warn once per process about a ``predict`` timeout above
+    :data:`SUSPICIOUS_TIMEOUT_S` (timeouts are in seconds)."""
+    global _warned_about_timeout  # pylint: disable=global-statement
+    if timeout is None or _warned_about_timeout or isinstance(timeout, bool):
+        return
+    try:
+        large = float(timeout) > SUSPICIOUS_TIMEOUT_S
+    except (TypeError, ValueError):
+        return
+    if large:
+        _warned_about_timeout = True
+        warnings.warn(f"predict(timeout={timeout!r}): the timeout is in seconds; "
+                      f"{float(timeout) * 1000:g} ms is a long budget for a request (pass "
+                      f"timeout={float(timeout) / 1000:g} for {timeout!r} ms). This warning "
+                      "is shown once per process.", UserWarning, stacklevel=3)
 
 
 def remaining(deadline: Optional[float]) -> Optional[float]:

@@ -23,15 +23,15 @@ class VowpalWabbitError(Exception):
 
     def __init__(
         self,
-        message: str,
-        *,
+        *args: object,
         argv: Optional[Sequence[str]] = None,
         returncode: Optional[int] = None,
         stderr_tail: str = "",
         output: str = "",
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(*args)
+        #: the first argument as text (subwabbit always passes one message)
+        self.message = "" if not args else str(args[0]) if len(args) == 1 else str(args)
         self.argv = list(argv) if argv is not None else None
         self.returncode = returncode
         self.stderr_tail = stderr_tail

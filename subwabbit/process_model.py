@@ -18,7 +18,7 @@ from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part)
-from .deadlines import deadline_from_timeout, validate_seconds
+from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
@@ -467,8 +467,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """Predictions for the items, in item order (see the subclasses)."""
         start = time.perf_counter()
         deadline = deadline_from_timeout(timeout, start=start)
-        self._require_predictions("predict")
-        self._check_usable()
+        warn_if_milliseconds(timeout)
         metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
         return self._predict(start, deadline, common_features, items_features, debug_info,
                              metrics, detailed_metrics)
@@ -484,6 +483,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         exchange: Optional[PredictExchange] = None
         pacing = self._pacing()
         try:
+            # Raised at the first next(), as in 2.x.
+            self._require_predictions("predict")
+            self._check_usable()
             token = self._begin_call(deadline, metrics, quiet_deadline=True)
             if token is None:
                 return
@@ -517,7 +519,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     # -------------------------------------------------------------- train
 
     def train(self, common_features: Any, items_features: Iterable[Any],
-              labels: Iterable[Label], weights: Iterable[Optional[float]],
+              labels: Iterable[Label], weights: Optional[Iterable[Optional[float]]] = None,
               debug_info: Any = None) -> None:
         """Learn from labelled items (see the subclasses)."""
         start = time.perf_counter()

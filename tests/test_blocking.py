@@ -140,8 +140,9 @@ def test_write_only_train_and_save(formatter, tmp_path):
         lines += format_lines(formatter, common, its, labels)
     args = ["--loss_function", "logistic", "-q", "ui", "--quiet"]
     with VowpalWabbitProcess(formatter, args, write_only=True) as trainer:
+        predictions = trainer.predict(COMMON, items(3))  # raises at the first next(), as in 2.x
         with pytest.raises(VowpalWabbitError, match="write-only"):
-            trainer.predict(COMMON, items(3))
+            next(predictions)
         for common, its, labels in requests:
             trainer.train(common, its, labels, [None] * len(its))
         trainer.save(str(tmp_path / "online" / "model.vw"))
@@ -200,7 +201,7 @@ def test_explain_vw_line_three_lines_per_example(formatter, trained_model, tmp_p
     with VowpalWabbitProcess(formatter, ["-i", trained_model, "-t", "--quiet", "--link", "logistic"],
                              audit_mode=True) as auditor:
         with pytest.raises(VowpalWabbitError, match="audit"):
-            auditor.predict(COMMON, items(2))
+            list(auditor.predict(COMMON, items(2)))
         for _ in range(2):
             for line, expected_raw in zip(lines, raw):
                 score, explanation = auditor.explain_vw_line(line, link_function=True)
@@ -269,7 +270,7 @@ def test_close_is_idempotent_and_reaps(formatter, trained_model):
     assert pid not in children_of_this_process()
     assert "closed" in repr(process) and "exited with code 0" in repr(process)
     with pytest.raises(VowpalWabbitError, match="closed"):
-        process.predict(COMMON, items(1))
+        list(process.predict(COMMON, items(1)))
 
 
 def test_dropped_process_is_reaped_without_leaks(formatter, trained_model):
