@@ -312,9 +312,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             delay = min(delay * 2, 0.02)
 
     def __del__(self) -> None:
-        engine = getattr(self, "_engine", None)
-        if engine is not None and not engine.closed:
-            engine.release()
+        self._release()
 
     def _after_fork_in_child(self) -> None:
         self._turn = _FifoTurn()

@@ -134,6 +134,20 @@ class VowpalWabbitBaseFormatter(ABC):
         return namespace, feature
 
 
+def example_joiner(formatter: Any) -> Optional[Any]:
+    """The formatter's own ``get_formatted_example``, or ``None`` when it
+    joins the parts the default way.
+
+    Only a method its class defines counts: a duck-typed formatter without
+    one, or a :class:`unittest.mock.Mock` (whose attributes exist on the
+    instance only), gets the default joining.
+    """
+    method = getattr(type(formatter), "get_formatted_example", None)
+    if method is None or method is VowpalWabbitBaseFormatter.get_formatted_example:
+        return None
+    return formatter.get_formatted_example
+
+
 class VowpalWabbitDummyFormatter(VowpalWabbitBaseFormatter):
     """A formatter for features that are already VW text: common and item
     features are used as given."""

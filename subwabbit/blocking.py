@@ -69,6 +69,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                          restart_after_fork=restart_after_fork)
 
     _detailed_keys = ("generating_lines_time", "sending_lines_time", "receiving_lines_time")
+    _timing_per_line = True  # as subwabbit 2.x documented
 
     def _pacing(self) -> Pacing:
         # Whole batches, one ahead of the engine: batch k+1 is written before
@@ -101,8 +102,9 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
             thread's call), ``waited_for_other_call`` (1 when it had to wait) and
             ``restarts`` (1 when this call restarted a failed engine)
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``
-            tuples: ``generating_lines_time``, ``sending_lines_time``,
-            ``receiving_lines_time`` (seconds per batch)
+            tuples: ``generating_lines_time`` (seconds per line, each line's share
+            of its batch, as in 2.x), ``sending_lines_time`` and
+            ``receiving_lines_time`` (seconds per write and per read)
         :returns: an iterator over predictions (floats; label strings for
             :class:`~subwabbit.plt.VowpalWabbitPLTProcess`)
         :raises VowpalWabbitError: on a write-only or audit-mode process, or when the

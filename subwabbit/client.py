@@ -8,6 +8,7 @@ the asyncio class (:mod:`subwabbit.asyncio_process`) build on
 base: the I/O is theirs, everything else is here once.
 """
 
+import atexit
 import itertools
 import logging
 import math
@@ -16,10 +17,12 @@ import os
 import threading
 import time
 import weakref
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .base import Label
+from .base import Label, VowpalWabbitBaseFormatter, example_joiner
 from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
+from .engine.program import option_name
 from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
@@ -37,6 +40,14 @@ DEFAULT_IO_TIMEOUT_S = 30.0
 #: Lines of engine output per example in audit mode (with ``-p``): the raw
 #: score, the features, the prediction.
 AUDIT_LINES_PER_EXAMPLE = 3
+
+#: How long a client dropped without ``close()`` (``__del__``, interpreter
+#: exit) waits for an engine that writes a ``-f`` model to finish it. The
+#: engine needs to learn what is left in the pipe (a pipe holds at most 1 MiB)
+#: and write its weights (``-b 25``: 128 MiB at most), a second or two on a
+#: slow disk; 30 s is ``close()``'s own default. A stopped engine is never
+#: waited for.
+FINAL_MODEL_WAIT_S = 30.0
 
 #: How often, at most, a client logs that calls wait for one another.
 CONTENTION_LOG_INTERVAL_S = 60.0
@@ -93,6 +104,8 @@ class ClientBase:
         self._outputs_per_line = (0 if self.write_only else
                                   AUDIT_LINES_PER_EXAMPLE if self.audit_mode else 1)
         self._restart_count = 0
+        self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
+                                       for token in self.vw_args)
         #: the process this object's engine belongs to
         self._owner_pid = os.getpid()
         self._last_contention_log = -math.inf
@@ -207,10 +220,8 @@ class ClientBase:
         parts = [formatter.format_item_features(common_features, item, debug_info=debug_info)
                  for item in items]
         check_item_parts(parts)
-        join = getattr(formatter, "get_formatted_example", None)
-        if join is None:
-            from .base import VowpalWabbitBaseFormatter  # pylint: disable=import-outside-toplevel
-            join = VowpalWabbitBaseFormatter.get_formatted_example.__get__(formatter)
+        join = example_joiner(formatter) or partial(VowpalWabbitBaseFormatter.get_formatted_example,
+                                                    formatter)
         lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
                  for part, label, weight in zip(parts, labels, weights)]
         for index, line in enumerate(lines):
@@ -247,6 +258,14 @@ class ClientBase:
         """Let go of the parent's engine (see :func:`_track_for_fork`)."""
         raise NotImplementedError()
 
+    def _release(self) -> None:
+        """Let go of an engine that was never closed (``__del__``, interpreter
+        exit) without blocking, except to let a ``-f`` model be written."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None and not engine.closed and engine.owner_pid == os.getpid():
+            writes_model = getattr(self, "_writes_final_model", False)
+            engine.release(FINAL_MODEL_WAIT_S if writes_model else 0.0)
+
 
 # ---------------------------------------------------------------- fork safety
 
@@ -275,6 +294,19 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release_at_exit() -> None:
+    """At interpreter exit, let go of every engine still open, and let those
+    that write a ``-f`` model finish it (as 2.x left it on disk)."""
+    for client in list(_LIVE_CLIENTS):
+        try:
+            client._release()  # pylint: disable=protected-access
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+atexit.register(_release_at_exit)
 
 
 def _take_along(values: Any, count: int, what: str) -> List[Any]:

@@ -111,6 +111,15 @@ def wait_for_fds(read_fd: Optional[int], write_fd: Optional[int],
     return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
 
 
+def _process_state(pid: int) -> Optional[str]:
+    """The state letter of ``/proc/PID/stat`` (``None`` when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 class EngineProcess:
     """A running engine with pipes on stdin, stdout and stderr.
 
@@ -447,16 +456,31 @@ class EngineProcess:
         if self.proc.poll() is None:
             self.proc.kill()
 
+    def _await_exit_unless_stopped(self, wait_s: float) -> None:
+        """Wait for the engine to exit, up to ``wait_s``; give up at once if it
+        is stopped (SIGSTOP, a debugger): it would never finish."""
+        deadline = time.perf_counter() + wait_s
+        while time.perf_counter() < deadline:
+            if self._wait_until(min(deadline, time.perf_counter() + 0.05)) is not None:
+                return
+            if _process_state(self.pid) in ("T", "t", "Z", None):
+                return
+
     def _wait_until(self, deadline: float) -> Optional[int]:
         try:
             return self.proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:
             return None
 
-    def release(self) -> None:
-        """Non-blocking cleanup for a process that was never closed: close our
-        ends of the pipes (the engine then exits by itself) and reap it from a
-        background thread."""
+    def release(self, final_model_wait_s: float = 0.0) -> None:
+        """Cleanup for a process that was never closed: close our ends of the
+        pipes (the engine then exits by itself) and reap it from a background
+        thread.
+
+        :param final_model_wait_s: for an engine that writes a ``-f`` model at
+            the end: wait up to this long for it to exit (so that the model is
+            on disk when this returns), unless it is stopped; 0: never wait
+        """
         if self._closed:
             return
         self._closed = True
@@ -471,6 +495,8 @@ class EngineProcess:
             except OSError as exc:
                 if exc.errno != errno.EBADF:
                     raise
+        if final_model_wait_s > 0:
+            self._await_exit_unless_stopped(final_model_wait_s)
         if self.proc.poll() is None and not sys.is_finalizing():
             # (At interpreter exit no thread can start: the engine, its input
             # closed, exits by itself and is reaped by the system.)

@@ -131,6 +131,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     #: the keys ``detailed_metrics`` receives from ``predict``
     _detailed_keys: Tuple[str, ...] = ()
 
+    #: one ``generating_lines_time`` entry per line (else per batch)
+    _timing_per_line = False
+
     #: whether a replacement engine starts in the background (the call
     #: returns by its deadline) or within the call
     _background_restarts = False
@@ -500,7 +503,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 channel, call, formatter=self.formatter, common_part=common_part,
                 common_features=common_features, items=items_features, debug_info=debug_info,
                 parse=self.parse_predictions, pacing=pacing, deadline=deadline,
-                idle_s=self.io_timeout_s, detailed=detailed, clock=clock)
+                idle_s=self.io_timeout_s, detailed=detailed, clock=clock,
+                timing_per_line=self._timing_per_line)
             for predictions in self._drive(engine, exchange, detailed):
                 for prediction in predictions:
                     yielded += 1  # counted before the caller can stop at this yield
@@ -692,9 +696,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             logger.exception("closing the vw engine failed while another exception propagated")
 
     def __del__(self) -> None:
-        engine = getattr(self, "_engine", None)
-        if engine is not None and not engine.closed:
-            engine.release()
+        self._release()
         replacement = getattr(self, "_replacement", None)
         if replacement is not None and replacement.engine is not None \
                 and not replacement.engine.closed:

@@ -21,6 +21,7 @@ without a hard deadline). The driver never decides when a call is over.
 import itertools
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
 
+from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
 from ..lines import check_line_part
 from .channel import Call, Channel
@@ -162,6 +163,9 @@ class PredictExchange(Exchange):
     :param pacing: see :class:`Pacing`
     :param detailed: when given, receives ``generating_lines_time`` entries
     :param clock: the clock of ``now`` values, for ``generating_lines_time``
+    :param timing_per_line: one ``generating_lines_time`` entry per line (the
+        batch's time shared out, as subwabbit 2.x's blocking class gave),
+        instead of one per batch
     """
 
     doing = "waiting for its predictions"
@@ -170,8 +174,10 @@ class PredictExchange(Exchange):
                  common_features: Any, items: Iterable[Any], debug_info: Any, parse: Parser,
                  pacing: Pacing, deadline: Optional[float], idle_s: Optional[float],
                  detailed: Optional[Dict[str, List[Any]]] = None,
-                 clock: Optional[Callable[[], float]] = None) -> None:
+                 clock: Optional[Callable[[], float]] = None,
+                 timing_per_line: bool = False) -> None:
         super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline)
+        self._timing_per_line = timing_per_line
         self.pacing = pacing
         self.parse = parse
         self.producing = True
@@ -223,7 +229,12 @@ class PredictExchange(Exchange):
             self.call.queue_lines(self._join(parts, self.call.queued_lines))
         if self._detailed is not None and self._clock:
             end = self._clock()
-            self._detailed["generating_lines_time"].append((end, end - began))
+            entries = self._detailed["generating_lines_time"]
+            if self._timing_per_line and parts:
+                share = (end - began) / len(parts)
+                entries.extend([(end, share)] * len(parts))
+            else:
+                entries.append((end, end - began))
 
     def _finished(self) -> bool:
         return not self.producing and self.call.owed_lines == 0
@@ -233,14 +244,11 @@ def _line_joiner(formatter: Any, common_part: str,
                  debug_info: Any) -> Callable[[List[Any], int], List[str]]:
     """A function that checks item parts and joins them with the common part
     into lines (inline when the formatter keeps the default joining)."""
-    from ..base import VowpalWabbitBaseFormatter  # pylint: disable=import-outside-toplevel
-    join = getattr(formatter, "get_formatted_example", None)
-    default = join is None or getattr(type(formatter), "get_formatted_example", None) is \
-        VowpalWabbitBaseFormatter.get_formatted_example
+    join = example_joiner(formatter)
 
     def lines(parts: List[Any], first_index: int) -> List[str]:
         check_item_parts(parts, first_index)
-        if default:
+        if join is None:
             prefix = common_part + " "
             return [prefix + part for part in parts]
         return [join(common_part, part, debug_info=debug_info) for part in parts]

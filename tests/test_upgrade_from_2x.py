@@ -1,0 +1,174 @@
+"""Code written the way subwabbit 2.x users wrote it keeps working.
+
+Modelled on what 2.1.0's public-API tests, its pretraining script and its
+notebooks rely on: keyword arguments, subclasses that set ``batch_size``,
+duck-typed and mock formatters, NumPy timeouts, lazy weights, ``vw_process``,
+and a ``-f`` model left on disk by an object that was never closed.
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+import warnings
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from subwabbit import (VowpalWabbitBaseFormatter, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
+from subwabbit.base import VowpalWabbitError as BaseVowpalWabbitError
+
+from conftest import expected_scalars
+
+
+class UserItemFormatter(VowpalWabbitBaseFormatter):
+    def format_common_features(self, user_features, debug_info=None):
+        return "|u u{}".format(user_features["user_id"])
+
+    def format_item_features(self, user_features, item_features, debug_info=None):
+        return "|i i{}".format(item_features["item_id"])
+
+
+class SmallBatchProcess(VowpalWabbitProcess):
+    batch_size = 2
+
+
+class SmallBatchNonBlockingProcess(VowpalWabbitNonBlockingProcess):
+    batch_size = 2
+
+
+USER1, USER2 = {"user_id": 1}, {"user_id": 2}
+ITEMS = [{"item_id": 1}, {"item_id": 2}, {"item_id": 3}]
+
+
+def _lines(user, labels=None):
+    prefix = [f"{label} 1.0 " for label in labels] if labels else [""] * len(ITEMS)
+    return [f"{p}|u u{user['user_id']} |i i{item['item_id']}" for p, item in zip(prefix, ITEMS)]
+
+
+@pytest.mark.parametrize("model_class", [SmallBatchProcess, SmallBatchNonBlockingProcess])
+def test_train_write_only_then_predict_with_keyword_arguments(model_class, tmp_path):
+    first, second = str(tmp_path / "testmodel.vw"), str(tmp_path / "testmodel2.vw")
+    vw_process = SmallBatchProcess(UserItemFormatter(), ["-q", "::", "--save_resume", "-f", first,
+                                                         "--quiet"], write_only=True)
+    vw_process.train(common_features=USER1, items_features=ITEMS, labels=[0, 1, 1],
+                     weights=[1.0, 1.0, 1.0])
+    vw_process.train(common_features=USER2, items_features=ITEMS, labels=[1, 1, 0],
+                     weights=[1.0, 1.0, 1.0])
+    vw_process.close()
+    assert os.path.exists(first)
+
+    vw_process = model_class(formatter=UserItemFormatter(),
+                             vw_args=["--save_resume", "-i", first, "-f", second, "--quiet"])
+    predictions = vw_process.predict(common_features=USER1, items_features=ITEMS)
+    expected = expected_scalars(_lines(USER1), ["--save_resume", "-i", first, "-t"], tmp_path)
+    assert list(predictions) == expected
+    vw_process.close()
+    assert os.path.exists(second)
+
+
+def test_duck_typed_and_mock_formatters_are_accepted(tmp_path):
+    class Duck:  # the formatter methods, no base class
+        def format_common_features(self, user_features, debug_info=None):
+            return "|u u1"
+
+        def format_item_features(self, user_features, item_features, debug_info=None):
+            return "|i i{}".format(item_features["item_id"])
+
+    formatter = mock.Mock()
+    formatter.format_common_features.return_value = "|u u1"
+    formatter.format_item_features.side_effect = Duck().format_item_features
+    for candidate in (Duck(), formatter):
+        with VowpalWabbitProcess(candidate, ["--quiet"]) as model:
+            model.train(USER1, ITEMS, labels=[1, -1, 1])
+            assert len(list(model.predict(USER1, ITEMS))) == 3
+
+
+def test_numpy_timeouts_and_lazy_weights():
+    with VowpalWabbitNonBlockingProcess(UserItemFormatter(), ["--quiet"]) as model:
+        model.train(USER1, ITEMS, labels=[1, -1, 1], weights=itertools.repeat(None))
+        model.train(USER1, ITEMS, labels=(label for label in [1, -1, 1]),
+                    weights=itertools.repeat(1.0))
+        model.train(USER1, ITEMS, labels=np.array([1, -1, 1]))  # no weights: 2.x's default use
+        assert len(list(model.predict(USER1, ITEMS, timeout=np.float32(0.5)))) == 3
+        assert len(list(model.predict(USER1, ITEMS, timeout=np.float64(0.5)))) == 3
+        with pytest.raises(ValueError, match="differ in length"):
+            model.train(USER1, ITEMS, labels=[1, -1], weights=[None, None])
+        with pytest.raises(ValueError, match="ran out"):
+            model.train(USER1, ITEMS, labels=iter([1]), weights=None)
+
+
+def test_a_none_label_is_a_value_error():
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"]) as model:
+        with pytest.raises(ValueError, match=r"labels\[1\] is None"):
+            model.train(USER1, ITEMS, labels=[1, None, 1], weights=[None] * 3)
+
+
+def test_vw_process_and_errors_as_in_2x():
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"]) as model:
+        assert model.vw_process.pid == model.pid
+        assert model.vw_process.poll() is None
+    assert isinstance(VowpalWabbitError(), BaseVowpalWabbitError)
+    error = VowpalWabbitError("engine", "details")
+    assert error.args == ("engine", "details") and "details" in str(error)
+    assert str(VowpalWabbitError("plain")) == "plain"
+
+
+def test_predict_on_a_write_only_process_raises_at_the_first_next():
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"], write_only=True) as model:
+        predictions = model.predict(USER1, ITEMS)
+        with pytest.raises(VowpalWabbitError, match="write-only"):
+            next(predictions)
+
+
+def test_blocking_detailed_metrics_have_one_generating_entry_per_line():
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"], batch_size=2) as model:
+        detailed = {}
+        assert len(list(model.predict(USER1, ITEMS * 5, detailed_metrics=detailed))) == 15
+    assert len(detailed["generating_lines_time"]) == 15
+    assert all(seconds >= 0 for _, seconds in detailed["generating_lines_time"])
+
+
+def test_a_dropped_object_leaves_its_final_model_on_disk(tmp_path):
+    path = tmp_path / "dropped.vw"
+    model = VowpalWabbitProcess(UserItemFormatter(), ["--quiet", "-f", str(path)], write_only=True)
+    model.train(USER1, ITEMS, labels=[1, -1, 1], weights=[None] * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del model
+    assert path.exists() and path.stat().st_size > 0
+
+
+def test_a_script_that_never_closes_leaves_its_final_model_on_disk(tmp_path):
+    """Like 2.x's own pretrain_model.py: a module-level write-only process
+    with --final_regressor, never closed."""
+    path = tmp_path / "pretrained.vw"
+    script = tmp_path / "pretrain.py"
+    script.write_text(
+        "from subwabbit import VowpalWabbitProcess, VowpalWabbitDummyFormatter\n"
+        "model = VowpalWabbitProcess(formatter=VowpalWabbitDummyFormatter(),\n"
+        f"    vw_args=['--loss_function', 'logistic', '--final_regressor', {str(path)!r},\n"
+        "             '--quiet', '-b', '24'], write_only=True)\n"
+        "for request in range(50):\n"
+        "    model.train(common_features='|u u%d' % request,\n"
+        "                items_features=['|i i%d' % item for item in range(200)],\n"
+        "                labels=[1.0 if item % 3 else -1.0 for item in range(200)],\n"
+        "                weights=[1.0 for _ in range(200)])\n")
+    done = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert path.exists() and path.stat().st_size > 0
+
+
+def test_a_timeout_in_milliseconds_by_mistake_warns_once(monkeypatch):
+    import subwabbit.deadlines as deadlines  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(deadlines, "_warned_about_timeout", False)
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"]) as model:
+        with pytest.warns(UserWarning, match="the timeout is in seconds"):
+            list(model.predict(USER1, ITEMS, timeout=10))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            list(model.predict(USER1, ITEMS, timeout=10))  # once per process
+            list(model.predict(USER1, ITEMS, timeout=0.5))
