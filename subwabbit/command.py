@@ -1,10 +1,14 @@
 """Choosing the engine command and checking the arguments given to it."""
 
+import functools
+import logging
 import os
+import re
 import shlex
 import shutil
+import subprocess
 import sys
-from typing import List, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from .engine.program import option_name
 
@@ -82,7 +86,9 @@ def resolve_engine_command(
 
     In order: ``vw_command`` if given (a path, or an argv list), else the
     ``SUBWABBIT_VW`` environment variable (split like a shell would), else a
-    ``vw`` executable on ``PATH``, else the wheel's engine through
+    ``vw`` executable on ``PATH`` if it is a vw 9.x or newer (an older one,
+    such as Ubuntu's ``vowpal-wabbit`` package, is passed over with a
+    WARNING), else the wheel's engine through
     :mod:`subwabbit.engine.program`.
 
     :param vw_command: an explicit command, or ``None``
@@ -103,8 +109,39 @@ def resolve_engine_command(
         return shlex.split(from_env)
     on_path = shutil.which("vw")
     if on_path:
-        return [on_path]
+        version = engine_version(on_path, os.stat(on_path).st_mtime_ns)
+        if version is not None and version[0] >= MIN_ENGINE_MAJOR:
+            return [on_path]
+        found = "no version" if version is None else ".".join(map(str, version))
+        logging.getLogger("subwabbit").warning(
+            "the vw on PATH (%s, %s) is not a vw %d.x engine, which subwabbit needs; using "
+            "the engine of the vowpalwabbit wheel instead (choose one with vw_command or $%s)",
+            on_path, found, MIN_ENGINE_MAJOR, ENGINE_ENV_VAR)
     return default_engine_command()
+
+
+#: The oldest engine series subwabbit speaks to (the options it passes, such
+#: as ``--log_output``, appeared in 9.0).
+MIN_ENGINE_MAJOR = 9
+
+
+@functools.lru_cache(maxsize=8)
+def engine_version(path: str, mtime_ns: int = 0) -> Optional[Tuple[int, ...]]:
+    """The version a ``vw`` executable reports (``vw --version``), once per
+    path and modification time.
+
+    :returns: the version numbers, or ``None`` when it reports none
+    """
+    del mtime_ns  # part of the cache key only
+    try:
+        done = subprocess.run([path, "--version"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(rb"(\d+)\.(\d+)(?:\.(\d+))?", done.stdout)
+    if done.returncode != 0 or match is None:
+        return None
+    return tuple(int(part) for part in match.groups() if part is not None)
 
 
 def build_argv(command: Sequence[str], vw_args: Sequence[str], *, predictions: bool,

@@ -192,7 +192,8 @@ def test_build_argv_no_user_args():
 
 
 def _make_executable(path, mode=0o755):
-    path.write_text("#!/bin/sh\nexit 0\n")
+    """A stand-in ``vw`` 9.x: it answers ``--version`` as vw does."""
+    path.write_text("#!/bin/sh\necho '9.11.9 (git commit: 1ec9204b0)'\nexit 0\n")
     os.chmod(path, mode)
     return path
 

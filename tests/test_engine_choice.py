@@ -1,5 +1,6 @@
 """How the engine is chosen and started, with the real engine behind every route."""
 
+import logging
 import os
 import stat
 import subprocess
@@ -138,3 +139,27 @@ def test_python_m_subwabbit_engine_runs_without_a_runtime_warning():
     assert done.returncode == 0, done.stderr
     assert b"RuntimeWarning" not in done.stderr
     assert done.stdout.strip()
+
+
+@pytest.mark.parametrize("reported", ["8.10.1", "", "garbage"])
+def test_an_old_vw_on_path_is_passed_over_with_a_warning(tmp_path, monkeypatch, caplog, reported):
+    fake = tmp_path / "vw"
+    fake.write_text(f"#!/bin/sh\necho '{reported}'\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SUBWABBIT_VW", raising=False)
+    with caplog.at_level(logging.WARNING, logger="subwabbit"):
+        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+            assert model.argv[:2] == default_engine_command()
+            assert list(model.predict("|a", ["|b c"])) == [0.0]
+    assert any("not a vw 9.x engine" in record.getMessage() for record in caplog.records)
+
+
+def test_a_vw_9_on_path_is_used(tmp_path, monkeypatch):
+    fake = tmp_path / "vw"
+    fake.write_text("#!/bin/sh\necho '9.11.9 (git commit: 1ec9204b0)'\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SUBWABBIT_VW", raising=False)
+    from subwabbit.command import resolve_engine_command  # pylint: disable=import-outside-toplevel
+    assert resolve_engine_command() == [str(fake)]
