@@ -31,7 +31,7 @@ setup(
     install_requires=["vowpalwabbit>=9.0,<10"],
     extras_require={
         "test": ["pytest>=7", "numpy>=1.23"],
-        "docs": ["sphinx>=7"],
+        "docs": ["sphinx>=7", "furo>=2024.1.29"],
         "bench": ["numpy>=1.23", "matplotlib>=3.6"],
     },
     classifiers=[

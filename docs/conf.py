@@ -45,9 +45,9 @@ autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autoclass_content = "class"
 
-html_theme = "alabaster"
+# furo: made for API documentation (signatures, field lists, a table of
+# contents per page), readable on small screens.
+html_theme = "furo"
 html_title = f"subwabbit {release}"
-html_theme_options = {
-    "description": "Serve Vowpal Wabbit models from Python within a latency budget",
-    "fixed_sidebar": True,
-}
+html_static_path = ["_static"]
+html_css_files = ["subwabbit.css"]
