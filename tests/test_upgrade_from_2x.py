@@ -172,3 +172,45 @@ def test_a_timeout_in_milliseconds_by_mistake_warns_once(monkeypatch):
             warnings.simplefilter("error")
             list(model.predict(USER1, ITEMS, timeout=10))  # once per process
             list(model.predict(USER1, ITEMS, timeout=0.5))
+
+
+@pytest.mark.parametrize("model_class", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_the_detailed_metrics_notebook_way(model_class):
+    """2.1.0's Detailed-metrics notebook: every series into one DataFrame,
+    indexed by (time, metric) and unstacked, which needs distinct times."""
+    import pandas as pd  # pylint: disable=import-outside-toplevel
+    frames = []
+    with model_class(formatter=UserItemFormatter(), vw_args=["--quiet"]) as model:
+        for user in range(5):
+            detailed_metrics = {}
+            list(model.predict(common_features={"user_id": user}, items_features=ITEMS * 300,
+                               timeout=0.5, detailed_metrics=detailed_metrics))
+            for name, values in detailed_metrics.items():
+                frames.append(pd.DataFrame(values, columns=["time", "value"]).assign(metric=name))
+    table = pd.concat(frames, axis=0).set_index(["time", "metric"]).unstack().sort_index()
+    table.columns = table.columns.droplevel(0)
+    assert {"generating_lines_time", "sending_lines_time", "receiving_lines_time"} <= \
+        set(table.columns)
+    assert table["generating_lines_time"].count() >= (4500 if model_class is VowpalWabbitProcess
+                                                      else 5 * 900 // 50)
+
+
+def test_the_explaining_notebook_way(tmp_path):
+    """2.1.0's Explaining-prediction notebook: audit mode, then readable rows."""
+    model_path = str(tmp_path / "m.vw")
+    with VowpalWabbitProcess(UserItemFormatter(), ["-q", "ui", "-f", model_path, "--quiet"],
+                             write_only=True) as trainer:
+        for _ in range(20):
+            trainer.train(USER1, ITEMS, labels=[1, -1, 1], weights=[1.0, 1.0, 1.0])
+    formatter = UserItemFormatter()
+    model = VowpalWabbitProcess(formatter, ["-i", model_path, "-t", "--quiet"], audit_mode=True)
+    try:
+        raw, explanation = model.explain_vw_line("|u u1 |i i2", link_function=False)
+        rows = formatter.get_human_readable_explanation(explanation)
+        html = formatter.get_human_readable_explanation_html(explanation, max_rows=3)
+    finally:
+        model.close()
+    assert raw < 0 and rows[0]["potential"] == pytest.approx(
+        max((row["potential"] for row in rows), key=abs))
+    assert {row["original_feature_name"] for row in rows} >= {"u^u1", "i^i2", "u^u1*i^i2"}
+    assert "<table" in html._repr_html_()

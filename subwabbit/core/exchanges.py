@@ -231,8 +231,11 @@ class PredictExchange(Exchange):
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
             if self._timing_per_line and parts:
+                # Each line gets its share, stamped where its share ends, so
+                # that every entry has its own timestamp (as in 2.x).
                 share = (end - began) / len(parts)
-                entries.extend([(end, share)] * len(parts))
+                entries.extend((began + share * (index + 1), share)
+                               for index in range(len(parts)))
             else:
                 entries.append((end, end - began))
 
