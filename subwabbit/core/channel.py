@@ -154,10 +154,9 @@ class Channel:
         self.in_flight_lines = 0
         #: of those, the lines of calls that have ended
         self.stale_lines = 0
-        #: bytes written, bytes and lines received so far (progress counts)
+        #: bytes written and received so far (progress counts)
         self.bytes_written = 0
         self.bytes_received = 0
-        self.lines_received = 0
 
     # ----------------------------------------------------------------- calls
 
@@ -319,7 +318,6 @@ class Channel:
         per_line = self.outputs_per_line
         count = len(lines)
         index = 0
-        self.lines_received += count
         while index < count:
             segment = next((s for s in segments if s.owed), None)
             if segment is None:
