@@ -209,7 +209,10 @@ class ClientBase:
         weights = ([None] * len(items) if weights is None
                    else _take_along(weights, len(items), "weights"))
         for index, label in enumerate(labels):
-            _check_label(label, index)
+            kind = type(label)
+            # Plain ints and finite floats pass without a call (inf - inf is nan).
+            if kind is not int and not (kind is float and label - label == 0.0):
+                _check_label(label, index)
         for index, weight in enumerate(weights):
             if weight is not None:
                 _check_number(weight, f"weights[{index}]")
