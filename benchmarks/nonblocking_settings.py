@@ -3,7 +3,9 @@
 Run: ``python -m benchmarks.nonblocking_settings [--requests N] [SETTING ...]``
 where each SETTING is ``max_pending_lines=40,write_cutoff_s=0.0005`` (any
 keyword arguments of :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess`
-that take numbers), or ``blocking`` for the blocking class with its defaults.
+that take numbers), or ``blocking`` for the blocking class with its defaults,
+or ``blocking:SETTING`` for the blocking class with settings
+(``blocking:max_lateness_s=0.001``).
 
 Every request is served by each setting in turn, so that a change in the
 machine's speed hits all of them alike. Prints the mean predictions per call
@@ -55,8 +57,9 @@ def main() -> None:
                 trainer.train(request, items, labels, [None] * len(labels))
         processes: List[Any] = []
         for setting in options.settings:
-            if setting == "blocking":
-                processes.append(VowpalWabbitProcess(formatter, prediction_args(model)))
+            if setting == "blocking" or setting.startswith("blocking:"):
+                processes.append(VowpalWabbitProcess(formatter, prediction_args(model),
+                                                     **parse_setting(setting[9:])))
             else:
                 processes.append(VowpalWabbitNonBlockingProcess(formatter, prediction_args(model),
                                                                 **parse_setting(setting)))
@@ -84,7 +87,8 @@ def main() -> None:
 
         print(f"{setting or 'nonblocking defaults':>45}: predictions mean {statistics.mean(count):7.1f}"
               f"  wall ms p50 {quantile(0.5):.2f} p99 {quantile(0.99):.2f}"
-              f" p99.9 {quantile(0.999):.2f} max {wall[-1] * 1000:.2f}")
+              f" p99.9 {quantile(0.999):.2f} max {wall[-1] * 1000:.2f}"
+              f"  >+1 ms late {sum(1 for w in wall if w > options.timeout + 0.001)}")
 
 
 if __name__ == "__main__":

@@ -346,8 +346,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
             except VowpalWabbitEngineExitedError as exc:
                 # The error was built without waiting: learn the exit status now.
                 until = _clock() + 1.0
-                if exchange.hard_deadline and exchange.deadline is not None:
-                    until = min(until, exchange.deadline)
+                if exchange.end_at is not None:
+                    until = min(until, exchange.end_at)
                 await self._await_exit(engine, until)
                 exc.returncode = engine.returncode
                 exc.stderr_tail = engine.stderr_tail()

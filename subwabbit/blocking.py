@@ -6,6 +6,7 @@ from .base import Label, VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
 from .core.exchanges import Pacing
+from .deadlines import validate_seconds
 from .process_model import VowpalWabbitProcessModel
 
 #: Default lines per write. Measured with ``python -m benchmarks.batch_size``
@@ -50,6 +51,11 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         created, start an engine of its own at the first call (``True``) or
         raise :class:`~subwabbit.errors.VowpalWabbitError` (``False``); the
         parent's engine is never touched
+    :param max_lateness_s: with a timeout, return at the latest this long after
+        the deadline with the predictions that have arrived; what is still in
+        flight is discarded by the next call. ``None`` (the default): read the
+        predictions of everything sent before the deadline, however long that
+        takes. See :doc:`throughput` for what a bound costs in predictions
     :raises VowpalWabbitStartupError: when the engine cannot start (the message
         carries the engine's own words)
     :raises ValueError: for invalid arguments
@@ -61,7 +67,9 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  metrics_hook: Optional[MetricsHook] = None,
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True,
+                 max_lateness_s: Optional[float] = None) -> None:
+        self.max_lateness_s = validate_seconds(max_lateness_s, "max_lateness_s")
         super().__init__(formatter, vw_args, batch_size, write_only=write_only,
                          audit_mode=audit_mode, vw_command=vw_command,
                          metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s,
@@ -75,7 +83,8 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         # Whole batches, one ahead of the engine: batch k+1 is written before
         # the answers of batch k are read. The deadline stops formatting only.
         return Pacing(batch_size=self.batch_size, max_in_flight_lines=2 * self.batch_size,
-                      min_batch=self.batch_size, hard_deadline=False)
+                      min_batch=self.batch_size, hard_deadline=False,
+                      max_lateness_s=self.max_lateness_s)
 
     # ------------------------------------------------------------ predict
 

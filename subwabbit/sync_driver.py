@@ -25,7 +25,7 @@ def drive(engine: EngineProcess, exchange: Exchange,
     so that an abandoned generator leaves the channel exact.
     """
     channel = exchange.channel
-    status_deadline = exchange.deadline if exchange.hard_deadline else None
+    status_deadline = exchange.end_at
     reads = engine.prints_answers
     while True:
         results = exchange.step(_clock())

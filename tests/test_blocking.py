@@ -2,6 +2,7 @@
 
 import gc
 import os
+import signal
 import time
 
 import pytest
@@ -289,3 +290,22 @@ def test_dropped_process_is_reaped_without_leaks(formatter, trained_model):
     assert not any(pid in children_of_this_process() for pid in pids)
     gc.collect()
     assert open_fds() <= fds_before
+
+
+def test_max_lateness_bounds_a_call_on_a_stalled_engine_and_the_next_call_is_exact(
+        formatter, trained_model, tmp_path):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(40)),
+                                scoring_args(trained_model), tmp_path)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), max_lateness_s=0.05,
+                             io_timeout_s=5.0) as process:
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            began = time.perf_counter()
+            got = list(process.predict(COMMON, items(500), timeout=0.02))
+            elapsed = time.perf_counter() - began
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert got == [] and 0.02 + 0.05 <= elapsed < 0.02 + 0.05 + 0.1
+        assert list(process.predict(COMMON, items(40))) == expected
+    with pytest.raises(ValueError):
+        VowpalWabbitProcess(formatter, ["--quiet"], max_lateness_s=-1)

@@ -348,3 +348,16 @@ def test_train_probe_and_cleanup_exchanges_end_when_answered():
         cleanup.step(0.0)
         pump(channel, engine)
     assert channel.stale_lines == 0 and not cleanup.timed_out
+
+
+def test_max_lateness_ends_a_soft_deadline_call_that_long_after_the_deadline():
+    channel = Channel()
+    exchange = _predict(channel, range(1000), Pacing(batch_size=10, max_in_flight_lines=20,
+                                                     hard_deadline=False, max_lateness_s=0.5),
+                        deadline=1.0, idle_s=30.0)
+    exchange.step(0.0)
+    exchange.step(1.2)  # formatting stopped; what was sent is still awaited
+    assert not exchange.producing and not exchange.done
+    assert exchange.wake_at() == 1.5  # the bound, not the idle limit
+    exchange.step(1.5)
+    assert exchange.done and exchange.timed_out

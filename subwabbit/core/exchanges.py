@@ -42,6 +42,9 @@ class Pacing(NamedTuple):
         long before it, so that what is in flight can be answered in time
     :param hard_deadline: return by the deadline (nonblocking, asyncio); else
         the deadline only stops formatting, and what was queued is answered
+    :param max_lateness_s: without a hard deadline, return at the latest this
+        long after the deadline with what has arrived (``None``: wait for
+        every answer to what was sent)
     """
 
     batch_size: int
@@ -49,6 +52,7 @@ class Pacing(NamedTuple):
     min_batch: int = 1
     write_cutoff_s: float = 0.0
     hard_deadline: bool = True
+    max_lateness_s: Optional[float] = None
 
 
 class Exchange:
@@ -66,12 +70,20 @@ class Exchange:
     doing = "waiting for its answers"
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
-                 idle_s: Optional[float], hard_deadline: bool = True) -> None:
+                 idle_s: Optional[float], hard_deadline: bool = True,
+                 max_lateness_s: Optional[float] = None) -> None:
         self.channel = channel
         self.call = call
         self.deadline = deadline
         self.idle_s = idle_s
         self.hard_deadline = hard_deadline
+        #: when the call ends whatever is in flight (``None``: only when done)
+        self.end_at: Optional[float] = None
+        if deadline is not None:
+            if hard_deadline:
+                self.end_at = deadline
+            elif max_lateness_s is not None:
+                self.end_at = deadline + max_lateness_s
         #: whether the call is over (its results are all out)
         self.done = False
         #: whether it ended at its deadline rather than with everything answered
@@ -106,15 +118,14 @@ class Exchange:
         if self._finished():
             self.done = True
             return results
-        deadline = self.deadline
-        if self.hard_deadline and deadline is not None and now >= deadline:
+        if self.end_at is not None and now >= self.end_at:
             self.done = self.timed_out = True
             return results
         self._check_idle(now)
         return results
 
     def _idle_applies(self) -> bool:
-        return self.idle_s is not None and (self.deadline is None or not self.hard_deadline)
+        return self.idle_s is not None and self.end_at is None
 
     def _check_idle(self, now: float) -> None:
         if not self._idle_applies():
@@ -136,7 +147,7 @@ class Exchange:
     def wake_at(self) -> Optional[float]:
         """When :meth:`step` must run again even if the pipes stay quiet
         (``None``: only when they move)."""
-        wake = self.deadline if self.hard_deadline else None
+        wake = self.end_at
         if self._idle_applies() and self._quiet_since is not None:
             assert self.idle_s is not None
             idle_end = self._quiet_since + self.idle_s
@@ -176,7 +187,8 @@ class PredictExchange(Exchange):
                  detailed: Optional[Dict[str, List[Any]]] = None,
                  clock: Optional[Callable[[], float]] = None,
                  timing_per_line: bool = False) -> None:
-        super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline)
+        super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline,
+                         pacing.max_lateness_s)
         self._timing_per_line = timing_per_line
         self.pacing = pacing
         self.parse = parse
