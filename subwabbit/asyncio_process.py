@@ -20,7 +20,7 @@ from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part)
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
-from .engine_process import EngineProcess
+from .engine_process import EngineProcess, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import check_line, parse_scalar, parse_scalars
@@ -244,9 +244,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 await self._drive(engine, exchange)
             except VowpalWabbitEngineExitedError as exc:
                 await self._await_exit(engine, _clock() + 1.0)
-                output = engine.read_until_eof(_clock() + 0.1)
-                raise engine.startup_error("the vw engine exited during start-up",
-                                           output) from exc
+                raise engine.exited_at_startup(read_s=0.1) from exc
             finally:
                 exchange.end()
             check_probe_result(engine, exchange)
@@ -268,16 +266,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             return
         self._closed = True
         began = _clock()
-        deadline = began + timeout
-        starting, self._starting = self._starting, None
-        if starting is not None:
-            starting.cancel()
-            try:
-                replacement = await starting
-            except BaseException:  # pylint: disable=broad-except
-                replacement = None
-            if replacement is not None:
-                replacement.abort()
+        await self._cancel_start()
         engine = self._engine
         if engine is None or engine.closed:
             return
@@ -287,10 +276,32 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 logger.warning("close(): another task's call still holds %r; killing the engine",
                                self)
                 engine.kill()
+        await self._shut_down(engine, max(0.0, began + timeout - _clock()))
+
+    async def _cancel_start(self) -> None:
+        """Cancel an engine start under way, and abort what it started."""
+        starting, self._starting = self._starting, None
+        if starting is None:
+            return
+        starting.cancel()
+        try:
+            started = await starting
+        except BaseException:  # pylint: disable=broad-except
+            return
+        started.abort()
+
+    async def _shut_down(self, engine: EngineProcess, timeout: float) -> None:
+        """Close the engine's input so that it finishes, escalating to
+        SIGTERM and SIGKILL as :meth:`EngineProcess.close
+        <subwabbit.engine_process.EngineProcess.close>` does, but yielding to
+        the loop while it waits; returns within ``timeout``.
+
+        :raises VowpalWabbitEngineExitedError: as ``EngineProcess.close``
+        """
+        deadline = _clock() + timeout
+        terminate_at, kill_at = shutdown_schedule(deadline, timeout)
         engine.close_input()
-        term_at = deadline - min(1.0, timeout / 2)
-        kill_at = deadline - min(0.2, timeout / 4)
-        await self._await_exit(engine, term_at, drain=True)
+        await self._await_exit(engine, terminate_at, drain=True)
         if engine.returncode is None:
             logger.warning("vw[%d] did not exit after its input was closed; terminating",
                            engine.pid)
@@ -639,24 +650,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
             raise VowpalWabbitBusyError("another task's call held the object too long",
                                         argv=self.argv)
         try:
-            starting, self._starting = self._starting, None
-            if starting is not None:
-                starting.cancel()
-                try:
-                    stale = await starting
-                    stale.abort()
-                except BaseException:  # pylint: disable=broad-except
-                    pass
+            await self._cancel_start()
             old, self._engine, self._channel = self._engine, None, None
             if old is not None and not old.closed:
-                old.close_input()
-                await self._await_exit(old, _clock() + (0.5 if self._broken else timeout),
-                                       drain=True)
-                if old.returncode is None:
-                    old.kill()
-                    await self._await_exit(old, _clock() + 1.0)
+                # A failed engine has nothing worth waiting for (as the sync classes).
                 try:
-                    old.close(0.1)
+                    await self._shut_down(old, min(timeout, 0.5) if self._broken else timeout)
                 except VowpalWabbitError as exc:
                     logger.warning("the replaced vw engine failed: %s", exc)
             self._owner_pid = os.getpid()

@@ -111,6 +111,16 @@ def wait_for_fds(read_fd: Optional[int], write_fd: Optional[int],
     return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
 
 
+def shutdown_schedule(deadline: float, timeout_s: float) -> "tuple[float, float]":
+    """When a shutdown that must end by ``deadline`` (``timeout_s`` from its
+    start) sends SIGTERM and SIGKILL: a second and a fifth of a second before
+    the end, at most half and a quarter of ``timeout_s``.
+
+    :returns: ``(terminate_at, kill_at)``
+    """
+    return deadline - min(1.0, timeout_s / 2), deadline - min(0.2, timeout_s / 4)
+
+
 def _process_state(pid: int) -> Optional[str]:
     """The state letter of ``/proc/PID/stat`` (``None`` when unknown)."""
     try:
@@ -312,6 +322,14 @@ class EngineProcess:
         return VowpalWabbitStartupError(error.message, argv=self.argv, returncode=error.returncode,
                                         stderr_tail=error.stderr_tail, output=error.output)
 
+    def exited_at_startup(self, output: bytes = b"", read_s: float = 1.0
+                          ) -> VowpalWabbitStartupError:
+        """The error for an engine that exited during start-up: what it still
+        prints on stdout (a real vw prints fatal errors there) is read for up
+        to ``read_s`` and goes into the message with ``output``."""
+        output += self.read_until_eof(time.perf_counter() + read_s)
+        return self.startup_error("the vw engine exited during start-up", output)
+
     def set_pipe_size(self, size_bytes: int) -> int:
         """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted."""
         return fcntl.fcntl(self.stdin_fd, 1031, size_bytes)  # F_SETPIPE_SZ
@@ -380,9 +398,8 @@ class EngineProcess:
             return self.proc.returncode
         self._closed = True
         deadline = time.perf_counter() + timeout_s
-        term_margin = min(1.0, timeout_s / 2)  # SIGTERM this long before the end
-        terminate_at = deadline - term_margin
-        kill_at = deadline - min(0.2, timeout_s / 4)
+        terminate_at, kill_at = shutdown_schedule(deadline, timeout_s)
+        term_margin = deadline - terminate_at
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:

@@ -82,8 +82,7 @@ def check_answers_probe(engine: EngineProcess, channel: Channel, deadline: float
     try:
         run(engine, exchange)
     except VowpalWabbitEngineExitedError as exc:
-        output = engine.read_until_eof(_clock() + 1.0)
-        raise engine.startup_error("the vw engine exited during start-up", output) from exc
+        raise engine.exited_at_startup() from exc
     check_probe_result(engine, exchange)
 
 
@@ -100,8 +99,7 @@ def await_input_consumed(engine: EngineProcess, deadline: float) -> None:
         try:
             channel.write_with(engine.write_some)
         except VowpalWabbitEngineExitedError as exc:
-            output += engine.read_until_eof(_clock() + 1.0)
-            raise engine.startup_error("the vw engine exited during start-up", output) from exc
+            raise engine.exited_at_startup(output) from exc
         unread = engine.unread_input_bytes()
         if not channel.unwritten_bytes and not unread:
             return
@@ -109,12 +107,10 @@ def await_input_consumed(engine: EngineProcess, deadline: float) -> None:
             try:
                 chunk = engine.read_some()
             except VowpalWabbitEngineExitedError as exc:
-                raise engine.startup_error("the vw engine exited during start-up",
-                                           output) from exc
+                raise engine.exited_at_startup(output, read_s=0.0) from exc
             output += chunk
         if engine.returncode is not None:
-            output += engine.read_until_eof(_clock() + 1.0)
-            raise engine.startup_error("the vw engine exited during start-up", output)
+            raise engine.exited_at_startup(output)
         if _clock() >= deadline:
             raise engine.startup_error(
                 "the vw engine did not start reading examples within the start-up timeout",
