@@ -24,7 +24,7 @@ from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, Vowpa
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import check_line, parse_scalar, parse_scalars
 from .saving import ModelSave
-from .sync_driver import drive, start_engine, wait_for_file
+from .sync_driver import drive, run, start_engine, wait_for_file
 
 logger = logging.getLogger("subwabbit")
 
@@ -394,16 +394,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             yield results
 
     def _run(self, exchange: Exchange) -> List[Any]:
-        """Run an exchange on the engine to its end; return its results."""
+        """:func:`~subwabbit.sync_driver.run`, remembering engine failures."""
         engine = self._engine
         assert engine is not None
-        results: List[Any] = []
         try:
-            for part in self._drive(engine, exchange):
-                results += part
-        finally:
-            exchange.end()
-        return results
+            return run(engine, exchange)
+        except ENGINE_FAILURES as exc:
+            self._fail(exc)
+            raise
 
     # ------------------------------------------------------------- restart
 

@@ -132,7 +132,7 @@ class Exchange:
             return
         channel = self.channel
         progress = channel.bytes_written + channel.bytes_received
-        if progress != self._progress or self._quiet_since is None:
+        if progress != self._progress:  # always so at the first check (-1)
             self._progress = progress
             self._quiet_since = now
             return
@@ -313,11 +313,10 @@ class SendExchange(Exchange):
                  idle_s: Optional[float]) -> None:
         super().__init__(channel, call, None, idle_s, hard_deadline=False)
         self._lines: Optional[List[str]] = lines
-        self.sent = 0
 
     def _advance(self, now: float) -> List[Any]:
         if self._lines is not None:
-            self.sent = self.call.queue_lines(self._lines)
+            self.call.queue_lines(self._lines)
             self._lines = None
         return []
 
