@@ -3,7 +3,8 @@
 :class:`~subwabbit.blocking.VowpalWabbitProcess` gives the best throughput;
 :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess` (Linux) returns by a
 hard deadline; :class:`~subwabbit.asyncio_process.AsyncVowpalWabbitProcess` does the
-same for asyncio code.
+same for asyncio code. :class:`~subwabbit.pool.VowpalWabbitPool` serves many
+threads with several engines.
 """
 
 import logging
@@ -18,6 +19,7 @@ from .escaping import escape_name
 from .explanation import AuditFeature, parse_audit_features
 from .nonblocking import VowpalWabbitNonBlockingProcess
 from .plt import VowpalWabbitPLTProcess
+from .pool import VowpalWabbitPool
 from .version import __version__
 
 # A library's loggers stay silent unless the application configures logging.
@@ -34,6 +36,7 @@ __all__ = [
     "VowpalWabbitError",
     "VowpalWabbitNonBlockingProcess",
     "VowpalWabbitPLTProcess",
+    "VowpalWabbitPool",
     "VowpalWabbitProcess",
     "VowpalWabbitProtocolError",
     "VowpalWabbitStartupError",

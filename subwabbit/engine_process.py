@@ -38,7 +38,7 @@ _STDERR_TAIL_LINES = 50
 # select() takes a timeout with microsecond resolution (poll() rounds to whole
 # milliseconds, which is a tenth of a 10 ms budget); it only handles fds below
 # FD_SETSIZE, so poll() is the fallback for busy processes.
-_SELECT_FD_LIMIT = 1024
+SELECT_FD_LIMIT = 1024
 # How long an error report waits for a dead engine's exit status and last words.
 _EXIT_STATUS_WAIT_S = 1.0
 
@@ -99,7 +99,7 @@ def wait_for_fds(read_fd: Optional[int], write_fd: Optional[int],
             timeout = 0.0
     readers = [] if read_fd is None else [read_fd]
     writers = [] if write_fd is None else [write_fd]
-    if max(readers + writers, default=0) < _SELECT_FD_LIMIT:
+    if max(readers + writers, default=0) < SELECT_FD_LIMIT:
         ready_r, ready_w, _ = select.select(readers, writers, [], timeout)
         return bool(ready_r or ready_w)
     poller = select.poll()

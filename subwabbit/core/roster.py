@@ -1,0 +1,146 @@
+"""Which engine of a pool serves which call, without I/O or locks.
+
+A pool runs several engines of one model (a *generation*; a reload starts the
+next). A :class:`Roster` says which are free, how many one call may hold so
+that concurrent calls share them fairly, and what to do with the engines of a
+generation that a reload replaced: those that are free are closed at once,
+those that a call still holds are closed when it gives them back, so that a
+call that began on one model finishes on it.
+
+The drivers (:mod:`subwabbit.pool` with a lock and a condition,
+:mod:`subwabbit.asyncio_pool` on its event loop) hold the roster's state
+consistent; the roster only decides.
+"""
+
+import math
+from typing import Any, List, Optional
+
+from .channel import Channel
+
+
+class Slot:
+    """One engine of the pool.
+
+    :param engine: the engine (the driver's object)
+    :param channel: its channel
+    :param generation: the model generation it serves
+    """
+
+    __slots__ = ("engine", "channel", "generation", "held", "number")
+
+    def __init__(self, engine: Any, channel: Channel, generation: int, number: int) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.generation = generation
+        #: whether a call holds it
+        self.held = False
+        #: a number for logs, unique in the pool
+        self.number = number
+
+    def __repr__(self) -> str:
+        return (f"<Slot #{self.number} generation={self.generation} held={self.held} "
+                f"{self.channel.describe()}>")
+
+
+class Roster:
+    """The engines of a pool and the calls that hold them."""
+
+    def __init__(self) -> None:
+        #: engines in service (failed and retired ones are taken out)
+        self.slots: List[Slot] = []
+        #: the generation new calls are served by
+        self.generation = 0
+        #: calls in progress, and calls waiting for a first engine
+        self.calls = 0
+        self.waiting = 0
+        #: bumped at every change a call in progress may want to react to
+        self.version = 0
+        self._numbers = 0
+
+    # -------------------------------------------------------------- engines
+
+    def add(self, engine: Any, generation: int, outputs_per_line: int = 1) -> Slot:
+        """Put an engine in service for ``generation``."""
+        self._numbers += 1
+        slot = Slot(engine, Channel(outputs_per_line), generation, self._numbers)
+        self.slots.append(slot)
+        self.version += 1
+        return slot
+
+    def remove(self, slot: Slot) -> bool:
+        """Take a slot out of service (its engine failed, or the pool closes).
+
+        :returns: whether it was in service
+        """
+        if slot not in self.slots:
+            return False
+        self.slots.remove(slot)
+        self.version += 1
+        return True
+
+    def switch(self, generation: int) -> List[Slot]:
+        """Serve new calls with ``generation`` from now on.
+
+        :returns: the slots of earlier generations that no call holds: the
+            driver closes them now; held ones are closed on :meth:`give_back`
+        """
+        self.generation = generation
+        idle = [slot for slot in self.slots if slot.generation != generation and not slot.held]
+        for slot in idle:
+            self.slots.remove(slot)
+        self.version += 1
+        return idle
+
+    def healthy(self, generation: int) -> int:
+        """Engines in service for ``generation``."""
+        return sum(1 for slot in self.slots if slot.generation == generation)
+
+    # ---------------------------------------------------------------- calls
+
+    def free(self, generation: int) -> List[Slot]:
+        """Free engines of ``generation``, those with the least left in
+        flight by earlier calls first."""
+        free = [slot for slot in self.slots if slot.generation == generation and not slot.held]
+        free.sort(key=lambda slot: slot.channel.in_flight_lines)
+        return free
+
+    def share(self, generation: int) -> int:
+        """How many engines one call may hold: all of them when it is alone,
+        an equal share when others run or wait (at least one)."""
+        engines = self.healthy(generation)
+        callers = max(1, self.calls + self.waiting)
+        return max(1, math.ceil(engines / callers))
+
+    def take(self, slot: Slot) -> None:
+        """A call holds ``slot`` from now on."""
+        if slot.held:
+            raise ValueError(f"{slot!r} is already held")
+        slot.held = True
+        self.version += 1
+
+    def give_back(self, slot: Slot) -> bool:
+        """A call gives ``slot`` back.
+
+        :returns: whether the driver must close it now (a reload replaced
+            its generation, or it was taken out of service while held)
+        """
+        slot.held = False
+        self.version += 1
+        if slot not in self.slots:
+            return True
+        if slot.generation != self.generation:
+            self.slots.remove(slot)
+            return True
+        return False
+
+    def over_share(self, held: int, generation: int) -> bool:
+        """Whether a call that holds ``held`` engines should give one back
+        (another call waits, and it holds more than its share)."""
+        return held > 1 and self.waiting > 0 and held > self.share(generation)
+
+    def describe(self, generation: Optional[int] = None) -> str:
+        """A short account for reprs and logs."""
+        generation = self.generation if generation is None else generation
+        held = sum(1 for slot in self.slots if slot.held)
+        return (f"generation={generation} engines={len(self.slots)} held={held} "
+                f"calls={self.calls} waiting={self.waiting}")

@@ -1,0 +1,214 @@
+"""The pool's core without processes: one call split over several simulated
+engines (:mod:`subwabbit.core.split`) and the roster that shares engines
+between calls and model generations (:mod:`subwabbit.core.roster`).
+
+The invariant under test: every item gets its own engine's answer, the call
+hands out the longest answered prefix in item order, and nothing an ended or
+failed lane left behind reaches another call.
+"""
+
+import random
+
+import pytest
+
+from subwabbit.core.channel import Channel
+from subwabbit.core.roster import Roster
+from subwabbit.core.split import SplitPredictExchange
+from subwabbit.errors import VowpalWabbitTimeoutError
+
+from test_core import NumberFormatter, SimulatedEngine, parse, pump
+
+
+def _exchange(items, *, deadline=None, batch_size=10, in_flight=20, cutoff=0.0, idle_s=None):
+    return SplitPredictExchange(
+        formatter=NumberFormatter(), common_part="|c", common_features=None, items=items,
+        debug_info=None, parse=parse, batch_size=batch_size, max_in_flight_lines=in_flight,
+        deadline=deadline, write_cutoff_s=cutoff, idle_s=idle_s)
+
+
+def _run(exchange, engines, now=0.0, steps=100000, rng=None, on_step=None):
+    got = []
+    for _ in range(steps):
+        got += exchange.step(now)
+        if exchange.done:
+            return got
+        if on_step is not None:
+            on_step(exchange)
+        lanes = list(exchange.lanes)
+        if rng is not None:
+            rng.shuffle(lanes)
+        for lane in lanes:
+            pump(lane.channel, engines[lane.key])
+    raise AssertionError("the exchange did not finish")
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 5])
+def test_a_call_split_over_engines_gets_every_answer_in_item_order(lanes):
+    rng = random.Random(lanes)
+    engines = {k: SimulatedEngine(rng=random.Random(k)) for k in range(lanes)}
+    exchange = _exchange(range(537))
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    assert _run(exchange, engines, rng=rng) == list(range(537))
+    # Every engine did part of the work, in batches dealt in item order.
+    assert all(engine.lines_seen for engine in engines.values())
+    assert sorted(int(line.split()[-1]) for e in engines.values() for line in e.lines_seen) \
+        == list(range(537))
+
+
+def test_results_come_out_as_a_prefix_even_when_a_later_batch_answers_first():
+    fast, slow = SimulatedEngine(), SimulatedEngine()
+    exchange = _exchange(range(40), batch_size=10, in_flight=10)
+    exchange.add_lane("slow", Channel())
+    exchange.add_lane("fast", Channel())
+    exchange.step(0.0)  # items 0-9 to one lane, 10-19 to the other
+    first = {lane.key: lane.batches[0].start for lane in exchange.lanes}
+    assert sorted(first.values()) == [0, 10]
+    late_lane = next(lane for lane in exchange.lanes if first[lane.key] == 0)
+    early_lane = next(lane for lane in exchange.lanes if first[lane.key] == 10)
+    engines = {late_lane.key: slow, early_lane.key: fast}
+    # Only the lane with items 10-19 answers: nothing may be handed out yet.
+    for _ in range(50):
+        pump(early_lane.channel, fast)
+        assert exchange.step(0.0) == []
+    assert early_lane.drained or early_lane.batches[0].start != 10  # it did answer
+    assert _run(exchange, engines) == list(range(40))
+
+
+def test_a_failed_lane_batches_are_dealt_again_and_nothing_is_lost():
+    engines = {"a": SimulatedEngine(rng=random.Random(1)), "b": SimulatedEngine(rng=random.Random(2))}
+    exchange = _exchange(range(300), batch_size=10, in_flight=30)
+    channels = {key: Channel() for key in engines}
+    for key in engines:
+        exchange.add_lane(key, channels[key])
+    failed = []
+
+    def fail_b_once(ex):
+        lane = next((lane for lane in ex.lanes if lane.key == "b"), None)
+        if lane is not None and not failed and lane.dealt_lines >= 50:
+            failed.append(lane)
+            ex.fail_lane(lane)
+
+    assert _run(exchange, engines, on_step=fail_b_once) == list(range(300))
+    assert exchange.failed_lanes == 1
+    # The failed engine's channel owes nothing to anyone: its call has ended.
+    assert channels["b"].current is None
+
+
+def test_the_write_cutoff_drops_unsent_lines_and_ends_the_results_before_them():
+    engines = {"a": SimulatedEngine(rng=random.Random(3)), "b": SimulatedEngine(rng=random.Random(4))}
+    exchange = _exchange(range(1000), deadline=10.0, cutoff=1.0, batch_size=10, in_flight=40)
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    got = []
+    for _ in range(30):  # some progress before the cut-off
+        got += exchange.step(0.0)
+        for lane in exchange.lanes:
+            pump(lane.channel, engines[lane.key])
+    got += _run(exchange, engines, now=9.5)  # past the cut-off, before the deadline
+    assert got == list(range(len(got)))
+    assert 0 < len(got) < 1000
+    assert not exchange.timed_out  # everything that was sent got answered
+
+
+def test_the_deadline_ends_the_call_with_the_prefix_it_has():
+    engine = SimulatedEngine()
+    exchange = _exchange(range(100), deadline=1.0)
+    exchange.add_lane("a", Channel())
+    got = exchange.step(0.0)
+    lane = exchange.lanes[0]
+    pump(lane.channel, engine)
+    got += exchange.step(2.0)
+    assert exchange.done and exchange.timed_out
+    assert got == list(range(len(got)))
+    lanes = exchange.end()
+    assert lanes == [lane] and lane.channel.current is None
+
+
+def test_leftovers_of_a_timed_out_call_never_reach_the_next_call_on_that_engine():
+    engine = SimulatedEngine(rng=random.Random(5))
+    channel = Channel()
+    first = _exchange(range(100), deadline=1.0, in_flight=60)
+    first.add_lane("a", channel)
+    first.step(0.0)
+    pump(channel, engine)
+    first.step(5.0)
+    first.end()
+    assert channel.stale_lines > 0
+    second = _exchange(range(1000, 1100), in_flight=60)
+    second.add_lane("a", channel)
+    assert _run(second, {"a": engine}) == list(range(1000, 1100))
+
+
+def test_a_retired_lane_is_dealt_nothing_more_and_released_when_drained():
+    engines = {"a": SimulatedEngine(), "b": SimulatedEngine()}
+    exchange = _exchange(range(200), batch_size=10, in_flight=20)
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    exchange.step(0.0)
+    lane_b = next(lane for lane in exchange.lanes if lane.key == "b")
+    dealt = lane_b.dealt_lines
+    exchange.retire_lane(lane_b)
+    released = []
+
+    def release(ex):
+        for lane in ex.releasable_lanes():
+            ex.release_lane(lane)
+            released.append(lane)
+
+    assert _run(exchange, engines, on_step=release) == list(range(200))
+    assert released == [lane_b] and lane_b.dealt_lines == dealt
+
+
+def test_a_lane_that_owes_answers_and_stays_silent_is_reported_stuck():
+    exchange = _exchange(range(10), idle_s=5.0)
+    exchange.add_lane("a", Channel())
+    exchange.step(0.0)
+    lane = exchange.lanes[0]
+    lane.channel.write_with(len)  # the engine took the lines and then said nothing
+    assert exchange.stuck_lanes(0.0) == []
+    assert exchange.stuck_lanes(4.0) == []
+    assert exchange.stuck_lanes(5.0) == [lane]
+    assert isinstance(exchange.idle_error(), VowpalWabbitTimeoutError)
+
+
+def test_wants_lanes_while_items_are_left_and_not_after_the_cutoff():
+    exchange = _exchange(range(100), deadline=1.0, cutoff=0.5, in_flight=20)
+    exchange.add_lane("a", Channel())
+    exchange.step(0.0)
+    assert exchange.wants_lanes
+    exchange.step(0.6)
+    assert not exchange.wants_lanes
+
+
+# ------------------------------------------------------------------ roster
+
+def test_roster_shares_engines_fairly_and_prefers_engines_without_leftovers():
+    roster = Roster()
+    slots = [roster.add(object(), 0) for _ in range(4)]
+    slots[0].channel.begin().queue_lines(["|x 1"])  # a leftover in flight on slot 0
+    assert roster.free(0)[-1] is slots[0]
+    roster.calls = 1
+    assert roster.share(0) == 4
+    roster.waiting = 1
+    assert roster.share(0) == 2
+    assert roster.over_share(3, 0) and not roster.over_share(2, 0)
+    roster.calls, roster.waiting = 5, 0
+    assert roster.share(0) == 1
+    assert not roster.over_share(1, 0)
+
+
+def test_roster_switch_closes_idle_old_engines_now_and_held_ones_on_give_back():
+    roster = Roster()
+    old = [roster.add(object(), 0) for _ in range(2)]
+    roster.take(old[0])
+    new = [roster.add(object(), 1) for _ in range(2)]
+    assert roster.free(0) == [old[1]]
+    closing = roster.switch(1)
+    assert closing == [old[1]]
+    assert roster.free(1) == new and roster.healthy(0) == 1
+    assert roster.give_back(old[0]) is True  # its call ended: close it now
+    assert roster.slots == new
+    assert roster.give_back(new[0]) is False
+    with pytest.raises(ValueError):
+        roster.take(new[1]) or roster.take(new[1])

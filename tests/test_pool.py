@@ -1,0 +1,298 @@
+"""The thread pool against real engines: split calls, concurrent threads,
+deadlines, waiting for an engine, reloads, failed engines, close and fork.
+
+Every prediction is compared with what the engine prints for the same lines
+read from a file, for the model that served the call.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from subwabbit import (VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError)
+from subwabbit.command import default_engine_command
+
+from conftest import DictFormatter, expected_scalars, format_lines, proc_stat, scoring_args
+
+
+def items(count, start=0):
+    return [{"id": (start + index) % 50} for index in range(count)]
+
+
+def common(user):
+    return {"user": user, "ctx": [f"k{user % 4}"]}
+
+
+@pytest.fixture(scope="module")
+def second_model(trained_model, tmp_path_factory):
+    """Another model of the same features that scores differently."""
+    directory = tmp_path_factory.mktemp("model2")
+    formatter = DictFormatter()
+    lines = []
+    for request in range(60):
+        batch = items(10, request * 3)
+        labels = [1 if item["id"] % 2 else -1 for item in batch]
+        lines += format_lines(formatter, common(request % 9), batch, labels)
+    data = directory / "train.txt"
+    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    model = directory / "model.vw"
+    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(model), "--quiet",
+                                               "--loss_function", "logistic", "-q", "ui"],
+                   check=True, timeout=120, stdout=subprocess.DEVNULL)
+    return str(model)
+
+
+@pytest.fixture(scope="module")
+def truth(trained_model, second_model, tmp_path_factory):
+    """truth[model][user]: the engine's predictions for items(3000) of that user."""
+    tmp_path = tmp_path_factory.mktemp("truth")
+    formatter = DictFormatter()
+    table = {}
+    for model in (trained_model, second_model):
+        table[model] = {}
+        for user in range(6):
+            lines = format_lines(formatter, common(user), items(3000))
+            table[model][user] = expected_scalars(lines, scoring_args(model), tmp_path)
+    return table
+
+
+@pytest.fixture
+def pool(trained_model):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        yield pool
+
+
+def test_one_call_is_split_over_the_engines_and_equals_the_engine(pool, trained_model, truth):
+    metrics = {}
+    got = pool.predict(common(1), items(3000), metrics=metrics)
+    assert got == truth[trained_model][1]
+    assert metrics["engines"] == 2 and metrics["num_lines"] == 3000
+    assert metrics["model_generation"] == 0 and metrics["engine_failures"] == 0
+    # A small request is served by one engine.
+    assert pool.predict(common(2), items(30), metrics=metrics) == truth[trained_model][2][:30]
+    assert metrics["engines"] == 1
+
+
+def test_a_generator_of_items_and_the_default_size(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model)) as pool:
+        assert pool.size == len(os.sched_getaffinity(0))
+        got = pool.predict(common(3), (item for item in items(1000)))
+    assert got == truth[trained_model][3][:1000]
+
+
+def test_deadline_gives_a_prefix_by_the_deadline_and_the_next_call_is_exact(
+        pool, trained_model, truth):
+    for user in range(6):
+        began = time.perf_counter()
+        got = pool.predict(common(user), items(3000) * 20, timeout=0.005)
+        took = time.perf_counter() - began
+        assert took < 0.005 + 0.1
+        expected = (truth[trained_model][user] * 20)[:len(got)]
+        assert got == expected
+        assert len(got) < 60000
+    assert pool.predict(common(0), items(3000)) == truth[trained_model][0]
+
+
+def test_concurrent_threads_each_get_their_own_predictions(pool, trained_model, truth):
+    errors, counts = [], []
+
+    def worker(user):
+        try:
+            for index in range(25):
+                size = 50 + (index * 397) % 2950
+                timeout = None if index % 5 == 0 else 0.010
+                got = pool.predict(common(user), items(size), timeout=timeout)
+                if got != truth[trained_model][user][:len(got)]:
+                    errors.append((user, index, len(got)))
+                if timeout is None and len(got) != size:
+                    errors.append((user, index, "short", len(got)))
+                counts.append(len(got))
+        except Exception as exc:  # pylint: disable=broad-except
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(user,)) for user in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert len(counts) == 150 and sum(counts) > 0
+    assert pool.stats()["calls"] == 150
+
+
+def test_a_call_never_waits_past_its_deadline_for_a_free_engine(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as pool:
+        started = threading.Event()
+        long_result = []
+
+        def long_call():
+            started.set()
+            long_result.append(pool.predict(common(4), items(3000) * 60))
+
+        thread = threading.Thread(target=long_call)
+        thread.start()
+        started.wait()
+        time.sleep(0.05)  # the long call holds the only engine
+        metrics = {}
+        began = time.perf_counter()
+        got = pool.predict(common(5), items(100), timeout=0.005, metrics=metrics)
+        took = time.perf_counter() - began
+        thread.join(60)
+        assert took < 0.005 + 0.1
+        assert got == truth[trained_model][5][:len(got)]
+        assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0
+        assert long_result[0] == truth[trained_model][4] * 60
+        assert pool.stats()["waited_for_engine"] >= 1
+
+
+def test_training_on_a_pool_is_refused(pool):
+    with pytest.raises(VowpalWabbitError, match="write_only=True"):
+        pool.train(common(1), items(2), [1, -1])
+
+
+def test_bad_input_raises_before_anything_is_sent_and_the_pool_stays_exact(
+        pool, trained_model, truth):
+    class Bad(DictFormatter):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            if item_features["id"] == 7:
+                return None
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    bad_pool_formatter = Bad()
+    pool.formatter = bad_pool_formatter
+    with pytest.raises(TypeError, match="format_item_features"):
+        pool.predict(common(1), items(3000))
+    pool.formatter = DictFormatter()
+    assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
+def test_reload_switches_models_with_no_failed_or_mixed_call(
+        trained_model, second_model, truth):
+    first = truth[trained_model]
+    second = truth[second_model]
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        old_pids = set(pool.engine_pids())
+        stop = threading.Event()
+        errors, served = [], {0: 0, 1: 0}
+
+        def worker(user):
+            while not stop.is_set():
+                metrics = {}
+                try:
+                    got = pool.predict(common(user), items(3000), timeout=0.050,
+                                       metrics=metrics)
+                except Exception as exc:  # pylint: disable=broad-except
+                    errors.append(repr(exc))
+                    return
+                generation = metrics["model_generation"]
+                if generation is None:  # no engine was free within the budget
+                    if got != []:
+                        errors.append(("predictions without a model", user, len(got)))
+                    continue
+                model = first if generation == 0 else second
+                if got != model[user][:len(got)]:
+                    errors.append(("mixed or wrong", user, generation, len(got)))
+                served[generation] += 1
+
+        threads = [threading.Thread(target=worker, args=(user,)) for user in range(3)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        pool.reload(scoring_args(second_model))
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        assert served[0] > 0 and served[1] > 0
+        assert pool.generation == 1 and pool.stats()["reloads"] == 1
+        assert pool.predict(common(2), items(3000)) == second[2]
+        # The old engines are closed once idle.
+        deadline = time.time() + 10
+        while any(proc_stat(pid) not in (None,) and proc_stat(pid)[0] != "Z"
+                  for pid in old_pids) and time.time() < deadline:
+            time.sleep(0.05)
+        assert all(proc_stat(pid) is None or proc_stat(pid)[0] == "Z" for pid in old_pids)
+
+
+def test_a_reload_that_cannot_start_raises_and_the_old_model_keeps_serving(
+        pool, trained_model, truth, tmp_path):
+    with pytest.raises(VowpalWabbitStartupError):
+        pool.reload(["-i", str(tmp_path / "missing.vw"), "-t", "--quiet"])
+    assert pool.generation == 0
+    assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
+def test_a_killed_engine_is_replaced_and_calls_stay_exact(pool, trained_model, truth):
+    victim = pool.engine_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    # The call that meets the dead engine deals its batches to the other one.
+    metrics = {}
+    assert pool.predict(common(3), items(3000), metrics=metrics) == truth[trained_model][3]
+    deadline = time.time() + 30
+    while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+        pool.predict(common(2), items(500), timeout=0.010)
+        time.sleep(0.01)
+    stats = pool.stats()
+    assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
+    assert stats["engines"] == 2 and victim not in pool.engine_pids()
+    assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
+
+
+def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        pids = pool.engine_pids()
+        killer = threading.Timer(0.02, os.kill, (pids[1], signal.SIGKILL))
+        killer.start()
+        metrics = {}
+        got = pool.predict(common(0), items(3000) * 40, metrics=metrics)
+        killer.join()
+        assert got == truth[trained_model][0] * 40
+        assert metrics["engine_failures"] == 1
+
+
+def test_close_returns_within_its_timeout_with_a_stopped_engine(trained_model):
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    pids = pool.engine_pids()
+    os.kill(pids[0], signal.SIGSTOP)
+    began = time.perf_counter()
+    pool.close(timeout=1.0)
+    assert time.perf_counter() - began < 1.0 + 0.5
+    for pid in pids:
+        deadline = time.time() + 5
+        while proc_stat(pid) is not None and proc_stat(pid)[0] != "Z" and time.time() < deadline:
+            time.sleep(0.02)
+        assert proc_stat(pid) is None or proc_stat(pid)[0] == "Z"
+    with pytest.raises(VowpalWabbitError, match="closed"):
+        pool.predict(common(1), items(3))
+
+
+def test_a_forked_child_starts_its_own_engines_and_the_parent_is_untouched(
+        pool, trained_model, truth):
+    parent_pids = pool.engine_pids()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(read_end)
+            first = pool.predict(common(1), items(3000), timeout=0.001)
+            got = pool.predict(common(1), items(3000))
+            report = {"ok": got == truth[trained_model][1], "first": len(first),
+                      "pids": pool.engine_pids()}
+            pool.close()
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as reader:
+        report = json.loads(reader.read() or "{}")
+    os.waitpid(pid, 0)
+    assert report["ok"] is True
+    assert not set(report["pids"]) & set(parent_pids)
+    assert pool.engine_pids() == parent_pids
+    assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
