@@ -9,6 +9,7 @@ threads with several engines.
 
 import logging
 
+from .asyncio_pool import AsyncVowpalWabbitPool
 from .asyncio_process import AsyncVowpalWabbitProcess
 from .base import VowpalWabbitBaseFormatter, VowpalWabbitBaseModel, VowpalWabbitDummyFormatter
 from .blocking import VowpalWabbitProcess
@@ -26,6 +27,7 @@ from .version import __version__
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "AsyncVowpalWabbitPool",
     "AsyncVowpalWabbitProcess",
     "AuditFeature",
     "VowpalWabbitBaseFormatter",

@@ -11,7 +11,8 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Union
+from typing import (Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple,
+                    Union)
 
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
@@ -680,6 +681,14 @@ def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:
     """Wait with the event loop until stdout is readable, stdin writable (when
     ``write``), or ``until`` (a :func:`time.perf_counter` value)."""
+    await wait_for_engines([(engine, write)], until)
+
+
+async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
+                           until: Optional[float]) -> None:
+    """Wait with the event loop until the stdout of one of ``engines`` is
+    readable or its stdin writable (for those paired with ``True``), or until
+    ``until`` (a :func:`time.perf_counter` value)."""
     loop = asyncio.get_running_loop()
     remaining = None if until is None else until - _clock()
     if remaining is not None and remaining <= _LOOP_TIMER_SLACK_S:
@@ -692,15 +701,17 @@ async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[fl
         if not ready.done():
             ready.set_result(None)
 
-    loop.add_reader(engine.stdout_fd, wake)
-    if write:
-        loop.add_writer(engine.stdin_fd, wake)
+    for engine, write in engines:
+        loop.add_reader(engine.stdout_fd, wake)
+        if write:
+            loop.add_writer(engine.stdin_fd, wake)
     timer = None if remaining is None else loop.call_later(remaining - _LOOP_TIMER_SLACK_S, wake)
     try:
         await ready
     finally:
         if timer is not None:
             timer.cancel()
-        loop.remove_reader(engine.stdout_fd)
-        if write:
-            loop.remove_writer(engine.stdin_fd)
+        for engine, write in engines:
+            loop.remove_reader(engine.stdout_fd)
+            if write:
+                loop.remove_writer(engine.stdin_fd)

@@ -175,6 +175,13 @@ class PoolBase(ClientBase):
         except TypeError:
             return None
 
+    def _no_engine_error(self, start: Optional[float]) -> VowpalWabbitBusyError:
+        if start is None:
+            return VowpalWabbitBusyError("the pool's engines failed and none was replaced "
+                                         "within io_timeout_s", argv=self.argv)
+        return VowpalWabbitBusyError(f"no engine of the pool was free for "
+                                     f"{_clock() - start:.3g} s (io_timeout_s)", argv=self.argv)
+
     def _refuse_training(self, method: str) -> VowpalWabbitError:
         return VowpalWabbitError(
             f"{method}() is not available on a pool: a pool serves one model with several "
@@ -185,6 +192,102 @@ class PoolBase(ClientBase):
     def _new_argv(self, vw_args: VwArgs) -> List[str]:
         return build_argv(self.vw_command, normalize_vw_args(vw_args), predictions=True,
                           audit=False)
+
+    # ------------------------------------------- decisions (caller holds the state)
+
+    def _take_first(self, exchange: SplitPredictExchange, items: Any) -> Optional[int]:
+        """Take a call's first engines if one is free.
+
+        :returns: the generation that serves it, or ``None`` when none is free
+        """
+        roster = self._roster
+        generation = roster.generation
+        free = roster.free(generation)
+        if not free:
+            return None
+        roster.calls += 1
+        want = lanes_wanted(self._remaining(items, exchange), roster.share(generation), 0)
+        for slot in free[:max(1, want)]:
+            roster.take(slot)
+            exchange.add_lane(slot, slot.channel)
+        return generation
+
+    def _take_replacement(self, exchange: SplitPredictExchange, generation: int) -> bool:
+        """For a call whose engines all failed: take a free engine of its generation."""
+        roster = self._roster
+        free = roster.free(generation)
+        if not free or generation != roster.generation:
+            return False
+        roster.take(free[0])
+        exchange.add_lane(free[0], free[0].channel)
+        return True
+
+    def _rebalance_now(self, exchange: SplitPredictExchange, items: Any,
+                       generation: int) -> List[Slot]:
+        """Give back retired engines whose answers are in, retire one when
+        another call waits and this one holds more than its share, and take
+        free engines when it may hold more.
+
+        :returns: engines to close (their generation was replaced)
+        """
+        roster = self._roster
+        closing = []
+        for lane in exchange.releasable_lanes():
+            exchange.release_lane(lane)
+            if roster.give_back(lane.key):
+                closing.append(lane.key)
+        active = exchange.active_lanes
+        if roster.over_share(active, generation):
+            lanes = [lane for lane in exchange.lanes if not lane.retiring]
+            exchange.retire_lane(min(lanes, key=lambda lane: lane.channel.in_flight_lines))
+        elif exchange.wants_lanes and not roster.waiting and generation == roster.generation:
+            want = lanes_wanted(self._remaining(items, exchange), roster.share(generation),
+                                active)
+            for slot in roster.free(generation)[:want]:
+                roster.take(slot)
+                exchange.add_lane(slot, slot.channel)
+        return closing
+
+    def _give_back_now(self, lanes: List[Lane], counted: bool) -> List[Slot]:
+        """A call ends: its engines go back.
+
+        :returns: engines to close (their generation was replaced)
+        """
+        self._counters["calls"] += 1
+        closing = [lane.key for lane in lanes if self._roster.give_back(lane.key)]
+        if counted:
+            self._roster.calls -= 1
+            self._roster.version += 1
+        return closing
+
+    def _take_out_now(self, slot: Slot) -> bool:
+        """A failed engine leaves service.
+
+        :returns: whether a replacement is due (it was in service, for the
+            current generation, and the pool is open)
+        """
+        in_service = self._roster.remove(slot)
+        self._counters["engine_failures"] += 1
+        return in_service and slot.generation == self._roster.generation and not self._closed
+
+    def _switch_now(self, argv: List[str], engines: List[Any]) -> List[Slot]:
+        """Put a reload's engines in service and serve new calls with them.
+
+        :returns: the old engines no call holds, to close now
+        """
+        generation = self._roster.generation + 1
+        self._argv_of[generation] = argv
+        for engine in engines:
+            self._roster.add(engine, generation)
+        self.argv = argv
+        self._counters["reloads"] += 1
+        return self._roster.switch(generation)
+
+    def _log_failure(self, slot: Slot, error: BaseException, replacing: bool) -> None:
+        if isinstance(error, VowpalWabbitError):
+            slot.engine.add_context(error)
+        logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid, error,
+                       "; starting a replacement" if replacing else "")
 
 
 class VowpalWabbitPool(PoolBase):
@@ -280,17 +383,12 @@ class VowpalWabbitPool(PoolBase):
         """Take a failed engine out of service and start its replacement in
         the background (for the generation it served, if still current)."""
         with self._cond:
-            in_service = self._roster.remove(slot)
-            self._counters["engine_failures"] += 1
+            replacing = self._take_out_now(slot)
             generation = slot.generation
-            current = generation == self._roster.generation and not self._closed
             self._cond.notify_all()
-        if isinstance(error, VowpalWabbitError):
-            slot.engine.add_context(error)
-        logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid, error,
-                       "; starting a replacement" if current and in_service else "")
+        self._log_failure(slot, error, replacing)
         slot.engine.abort()
-        if not (current and in_service):
+        if not replacing:
             return
         threading.Thread(target=self._add_engine,
                          args=(self._argv_of[generation], generation, True),
@@ -333,7 +431,8 @@ class VowpalWabbitPool(PoolBase):
         engines_used = 0
         counted = False
         try:
-            self._check_open()
+            if self._check_open() and metrics is not None:
+                metrics["restarts"] = 1
             exchange = self._new_exchange(common_features, items_features, deadline, debug_info)
             generation, counted = self._acquire_first(exchange, items_features, deadline,
                                                       start, metrics)
@@ -348,11 +447,17 @@ class VowpalWabbitPool(PoolBase):
             self._finish_pool_metrics(metrics, start, results, exchange, engines_used)
         return results
 
-    def _check_open(self) -> None:
+    def _check_open(self) -> bool:
+        """Raise if closed; in a forked child, start the pool's own engines.
+
+        :returns: whether engines were started (after a fork)
+        """
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._in_forked_child():
             self._start_in_fork()
+            return True
+        return False
 
     def _acquire_first(self, exchange: SplitPredictExchange, items: Any,
                        deadline: Optional[float], start: float,
@@ -372,9 +477,8 @@ class VowpalWabbitPool(PoolBase):
             while True:
                 if self._closed:
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
-                generation = roster.generation
-                free = roster.free(generation)
-                if free:
+                generation = self._take_first(exchange, items)
+                if generation is not None:
                     break
                 if not waited:
                     waited = True
@@ -388,18 +492,10 @@ class VowpalWabbitPool(PoolBase):
                     self._note_wait(start, metrics)
                     if deadline is not None:
                         return None, False
-                    raise VowpalWabbitBusyError(
-                        f"no engine of the pool was free for {_clock() - start:.3g} s "
-                        "(io_timeout_s)", argv=self.argv)
+                    raise self._no_engine_error(start)
                 self._cond.wait(left)
             if waited:
                 roster.waiting -= 1
-            roster.calls += 1
-            share = roster.share(generation)
-            want = lanes_wanted(self._remaining(items, exchange), share, 0)
-            for slot in free[:max(1, want)]:
-                roster.take(slot)
-                exchange.add_lane(slot, slot.channel)
         if waited:
             self._note_wait(start, metrics)
         elif metrics is not None:
@@ -448,31 +544,14 @@ class VowpalWabbitPool(PoolBase):
                 _wait_for_lanes(exchange.lanes, exchange.wake_at())
 
     def _rebalance(self, exchange: SplitPredictExchange, items: Any, generation: int) -> int:
-        """Give back retired engines whose answers are in, retire one when
-        another call waits and this one holds more than its share, and take
-        free engines when it may hold more.
+        """:meth:`_rebalance_now` under the lock.
 
         :returns: the roster's version seen
         """
-        roster = self._roster
-        closing: List[Slot] = []
         with self._cond:
-            for lane in exchange.releasable_lanes():
-                exchange.release_lane(lane)
-                if roster.give_back(lane.key):
-                    closing.append(lane.key)
-                self._cond.notify_all()
-            active = exchange.active_lanes
-            if roster.over_share(active, generation):
-                lanes = [lane for lane in exchange.lanes if not lane.retiring]
-                exchange.retire_lane(min(lanes, key=lambda lane: lane.channel.in_flight_lines))
-            elif exchange.wants_lanes and not roster.waiting and generation == roster.generation:
-                want = lanes_wanted(self._remaining(items, exchange), roster.share(generation),
-                                    active)
-                for slot in roster.free(generation)[:want]:
-                    roster.take(slot)
-                    exchange.add_lane(slot, slot.channel)
-            seen = roster.version
+            closing = self._rebalance_now(exchange, items, generation)
+            self._cond.notify_all()
+            seen = self._roster.version
         self._close_later(closing)
         return seen
 
@@ -484,22 +563,16 @@ class VowpalWabbitPool(PoolBase):
         limit = exchange.end_at
         if limit is None and self.io_timeout_s is not None:
             limit = _clock() + self.io_timeout_s
-        roster = self._roster
         with self._cond:
             while True:
                 if self._closed:
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
-                free = roster.free(generation)
-                if free and generation == roster.generation:
-                    roster.take(free[0])
-                    exchange.add_lane(free[0], free[0].channel)
+                if self._take_replacement(exchange, generation):
                     return True
                 left = None if limit is None else limit - _clock()
                 if left is not None and left <= 0:
                     if exchange.end_at is None:
-                        raise VowpalWabbitBusyError(
-                            "the pool's engines failed and none was replaced within "
-                            "io_timeout_s", argv=self.argv)
+                        raise self._no_engine_error(None)
                     return False
                 self._cond.wait(left)
 
@@ -509,15 +582,8 @@ class VowpalWabbitPool(PoolBase):
         self._replace(lane.key, error)
 
     def _give_back(self, lanes: List[Lane], counted: bool) -> None:
-        closing = []
         with self._cond:
-            self._counters["calls"] += 1
-            for lane in lanes:
-                if self._roster.give_back(lane.key):
-                    closing.append(lane.key)
-            if counted:
-                self._roster.calls -= 1
-                self._roster.version += 1
+            closing = self._give_back_now(lanes, counted)
             self._cond.notify_all()
         self._close_later(closing)
 
@@ -555,14 +621,9 @@ class VowpalWabbitPool(PoolBase):
                 for engine in engines:
                     engine.abort()
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            generation = self._roster.generation + 1
-            self._argv_of[generation] = argv
-            for engine in engines:
-                self._roster.add(engine, generation)
-            idle = self._roster.switch(generation)
+            idle = self._switch_now(argv, engines)
             self.vw_args = normalize_vw_args(vw_args)
-            self.argv = argv
-            self._counters["reloads"] += 1
+            generation = self._roster.generation
             self._cond.notify_all()
         logger.info("reloaded the pool: generation %d, vw%s", generation,
                     [engine.pid for engine in engines])

@@ -1,0 +1,157 @@
+"""The asyncio pool against real engines, on real event loops: split calls,
+many tasks at once, deadlines, cancellation, reloads, failed engines, close."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
+
+from conftest import DictFormatter, scoring_args
+from test_pool import common, items, second_model, truth  # noqa: F401  (fixtures)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_split_calls_from_many_tasks_each_get_their_own_predictions(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            metrics = {}
+            whole = await pool.predict(common(1), items(3000), metrics=metrics)
+            assert whole == truth[trained_model][1]
+            assert metrics["engines"] == 2
+
+            async def caller(user, index):
+                size = 50 + (index * 397) % 2950
+                timeout = None if index % 4 == 0 else 0.010
+                got = await pool.predict(common(user), items(size), timeout=timeout)
+                assert got == truth[trained_model][user][:len(got)]
+                if timeout is None:
+                    assert len(got) == size
+                return len(got)
+
+            counts = await asyncio.gather(*(caller(user, index)
+                                            for user in range(6) for index in range(12)))
+            assert len(counts) == 72 and sum(counts) > 0
+            return pool.stats()
+
+    stats = run(main())
+    assert stats["calls"] == 73
+
+
+def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=1) as pool:
+            gaps = []
+
+            async def ticker():
+                last = time.perf_counter()
+                while True:
+                    await asyncio.sleep(0.001)
+                    now = time.perf_counter()
+                    gaps.append(now - last)
+                    last = now
+
+            tick = asyncio.ensure_future(ticker())
+            long_call = asyncio.ensure_future(pool.predict(common(4), items(3000) * 30))
+            await asyncio.sleep(0.02)
+            metrics = {}
+            began = time.perf_counter()
+            got = await pool.predict(common(5), items(100), timeout=0.005, metrics=metrics)
+            took = time.perf_counter() - began
+            assert took < 0.005 + 0.1
+            assert got == truth[trained_model][5][:len(got)]
+            assert metrics["waited_for_other_call"] == 1
+            assert await long_call == truth[trained_model][4] * 30
+            tick.cancel()
+            assert max(gaps) < 0.1
+
+    run(main())
+
+
+def test_a_cancelled_call_leaves_every_engine_exact(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            for delay in (0.0, 0.001, 0.003):
+                task = asyncio.ensure_future(pool.predict(common(2), items(3000) * 10))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(pool.predict(common(3), items(3000) * 10), 0.002)
+                assert await pool.predict(common(0), items(3000)) == truth[trained_model][0]
+            assert pool.stats()["engines_busy"] == 0
+
+    run(main())
+
+
+def test_reload_with_no_failed_or_mixed_call(trained_model, second_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            stop = False
+            served = {0: 0, 1: 0}
+
+            async def caller(user):
+                while not stop:
+                    metrics = {}
+                    got = await pool.predict(common(user), items(3000), timeout=0.050,
+                                             metrics=metrics)
+                    generation = metrics["model_generation"]
+                    if generation is None:
+                        assert got == []
+                        continue
+                    model = trained_model if generation == 0 else second_model
+                    assert got == truth[model][user][:len(got)]
+                    served[generation] += 1
+
+            callers = [asyncio.ensure_future(caller(user)) for user in range(3)]
+            await asyncio.sleep(0.2)
+            await pool.reload(scoring_args(second_model))
+            await asyncio.sleep(0.2)
+            stop = True
+            await asyncio.gather(*callers)
+            assert served[0] > 0 and served[1] > 0
+            with pytest.raises(VowpalWabbitStartupError):
+                await pool.reload(["-i", "/nonexistent/model.vw", "-t", "--quiet"])
+            assert await pool.predict(common(1), items(3000)) == truth[second_model][1]
+
+    run(main())
+
+
+def test_a_killed_engine_is_replaced_and_training_is_refused(trained_model, truth):
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+        with pytest.raises(VowpalWabbitError, match="not started"):
+            await pool.predict(common(1), items(3))
+        await pool.start()
+        try:
+            with pytest.raises(VowpalWabbitError, match="pool"):
+                await pool.train(common(1), items(2), [1, -1])
+            os.kill(pool.engine_pids()[1], signal.SIGKILL)
+            assert await pool.predict(common(3), items(3000) * 5) == truth[trained_model][3] * 5
+            deadline = time.time() + 30
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                await pool.predict(common(2), items(300), timeout=0.010)
+                await asyncio.sleep(0.01)
+            stats = pool.stats()
+            assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
+            assert stats["engines"] == 2
+            assert await pool.predict(common(4), items(3000)) == truth[trained_model][4]
+            pids = pool.engine_pids()
+            os.kill(pids[0], signal.SIGSTOP)
+        finally:
+            began = time.perf_counter()
+            await pool.close(timeout=1.0)
+            assert time.perf_counter() - began < 1.5
+
+    run(main())
