@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Union
 from .asyncio_process import _YIELD_AFTER_S, wait_for_engines
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
-from .command import VwArgs, normalize_vw_args
+from .command import VwArgs
 from .core.roster import Slot
 from .core.split import Lane, SplitPredictExchange
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
@@ -377,14 +377,14 @@ class AsyncVowpalWabbitPool(PoolBase):
         validate_seconds(timeout, "timeout", allow_none=False)
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._new_argv(vw_args)
+        argv = self._reload_argv(vw_args)
         engines = await self._spawn(argv, self.size)
         if self._closed:
             for engine in engines:
                 engine.abort()
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         idle = self._switch_now(argv, engines)
-        self.vw_args = normalize_vw_args(vw_args)
+        self._reloaded(vw_args, argv)
         self._started = True
         self._notify()
         logger.info("reloaded the pool: generation %d, vw%s", self._roster.generation,

@@ -225,12 +225,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._restart_count += 1
         self._ever_started = True
 
-    async def _start_engine(self) -> EngineProcess:
+    async def _start_engine(self, argv: Optional[List[str]] = None) -> EngineProcess:
         deadline = _clock() + self.startup_timeout_s
         # Spawning (fork/exec, the stderr reader thread) takes milliseconds:
         # done on the loop's executor, so that it never holds the loop.
         loop = asyncio.get_running_loop()
-        spawn = loop.run_in_executor(None, EngineProcess, self.argv)
+        spawn = loop.run_in_executor(None, EngineProcess, self.argv if argv is None else argv)
         try:
             engine = await asyncio.shield(spawn)
         except asyncio.CancelledError:
@@ -635,6 +635,52 @@ class AsyncVowpalWabbitProcess(ClientBase):
         finally:
             self._turn.release()
 
+    async def reload(self, vw_args: VwArgs, timeout: float = 5.0) -> None:
+        """Switch to an engine started with new arguments, with no failed
+        call; see :meth:`VowpalWabbitProcess.reload
+        <subwabbit.process_model.VowpalWabbitProcessModel.reload>`. The new
+        engine is started while calls go on; the switch waits for the call in
+        progress (calls are served in arrival order), and the old engine is
+        closed in the background.
+
+        :raises VowpalWabbitStartupError: when the new engine cannot start;
+            the object goes on with the old one
+        """
+        validate_seconds(timeout, "timeout", allow_none=False)
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        argv = self._reload_argv(vw_args)
+        engine = await self._start_engine(argv)
+        limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
+        try:
+            acquired = await self._turn.acquire(limit)
+        except BaseException:
+            engine.abort()
+            raise
+        if not acquired:
+            engine.abort()
+            raise VowpalWabbitBusyError("another task's call held the object too long",
+                                        argv=self.argv)
+        try:
+            if self._closed:
+                engine.abort()
+                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            await self._cancel_start()
+            old = None if self._in_forked_child() else self._engine
+            failed = self._broken is not None
+            self._reloaded(vw_args, argv)
+            restarts = self._restart_count
+            self._adopt(engine)
+            self._restart_count = restarts  # a reload is not a restart
+        finally:
+            self._turn.release()
+        logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
+                    " ".join(argv))
+        if old is not None and not old.closed:
+            task = asyncio.ensure_future(
+                self._shut_down(old, min(timeout, 0.5) if failed else timeout))
+            task.add_done_callback(_log_close_failure)
+
     async def restart(self, timeout: float = 5.0) -> None:
         """Replace the engine with a fresh one started with the same command
         (after any failure, or on a healthy engine).
@@ -670,6 +716,11 @@ class AsyncVowpalWabbitProcess(ClientBase):
                            self._restart_count)
         finally:
             self._turn.release()
+
+
+def _log_close_failure(task: "asyncio.Future[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("the vw engine replaced by reload() failed: %s", task.exception())
 
 
 def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:

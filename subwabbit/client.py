@@ -111,6 +111,21 @@ class ClientBase:
         self._last_contention_log = -math.inf
         _track_for_fork(self)
 
+    # ---------------------------------------------------------------- reload
+
+    def _reload_argv(self, vw_args: VwArgs) -> List[str]:
+        """The command line a :meth:`reload` with ``vw_args`` starts (checked
+        as the constructor checks it)."""
+        return build_argv(self.vw_command, normalize_vw_args(vw_args),
+                          predictions=not self.write_only, audit=self.audit_mode)
+
+    def _reloaded(self, vw_args: VwArgs, argv: List[str]) -> None:
+        """Remember the arguments of the engine a reload switched to."""
+        self.vw_args = normalize_vw_args(vw_args)
+        self.argv = argv
+        self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
+                                       for token in self.vw_args)
+
     # --------------------------------------------------------------- status
 
     @property

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
-from .command import VwArgs, build_argv, normalize_vw_args
+from .command import VwArgs
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
@@ -189,9 +189,6 @@ class PoolBase(ClientBase):
             "(VowpalWabbitProcess(..., write_only=True)), save the model and reload() the "
             "pool with it")
 
-    def _new_argv(self, vw_args: VwArgs) -> List[str]:
-        return build_argv(self.vw_command, normalize_vw_args(vw_args), predictions=True,
-                          audit=False)
 
     # ------------------------------------------- decisions (caller holds the state)
 
@@ -279,7 +276,6 @@ class PoolBase(ClientBase):
         self._argv_of[generation] = argv
         for engine in engines:
             self._roster.add(engine, generation)
-        self.argv = argv
         self._counters["reloads"] += 1
         return self._roster.switch(generation)
 
@@ -614,7 +610,7 @@ class VowpalWabbitPool(PoolBase):
         validate_seconds(timeout, "timeout", allow_none=False)
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._new_argv(vw_args)
+        argv = self._reload_argv(vw_args)
         engines = self._spawn(argv, self.size)
         with self._cond:
             if self._closed:
@@ -622,7 +618,7 @@ class VowpalWabbitPool(PoolBase):
                     engine.abort()
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
             idle = self._switch_now(argv, engines)
-            self.vw_args = normalize_vw_args(vw_args)
+            self._reloaded(vw_args, argv)
             generation = self._roster.generation
             self._cond.notify_all()
         logger.info("reloaded the pool: generation %d, vw%s", generation,

@@ -3,12 +3,14 @@ turn-taking between threads, restarts (after a failure or a fork), and the
 calls themselves, each an exchange of :mod:`subwabbit.core` run by
 :mod:`subwabbit.sync_driver`."""
 
+import collections
 import contextlib
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence,
+                    Tuple, Union)
 
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
 # AUDIT_LINES_PER_EXAMPLE and DEFAULT_IO_TIMEOUT_S stay importable from here, as in 3.0.
@@ -157,11 +159,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         # (thread id, token) of the call holding the process, guarded by _turn
         self._holder: Optional[Tuple[int, object]] = None
         self._turn = threading.Condition(threading.Lock())
+        #: (thread id, token) of calls waiting for the process, oldest first
+        self._turn_queue: Deque[Tuple[int, object]] = collections.deque()
         self._adopt(self._start_engine())
 
-    def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None
-                      ) -> EngineProcess:
-        engine = start_engine(self.argv, self._outputs_per_line, self.startup_timeout_s, on_spawn)
+    def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None,
+                      argv: Optional[List[str]] = None) -> EngineProcess:
+        engine = start_engine(self.argv if argv is None else argv, self._outputs_per_line,
+                              self.startup_timeout_s, on_spawn)
         try:
             self._after_start(engine)
         except BaseException:
@@ -243,16 +248,27 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     def _wait_for_turn(self, token: object, wait_until: Optional[float]) -> bool:
         """Hold the process for the call ``token``, waiting for another thread's call.
 
+        Waiting calls are served in arrival order: a call that ends hands the
+        process to the oldest waiter, so a thread that calls in a loop cannot
+        starve the others (or a :meth:`reload` waiting to switch engines).
+
         :returns: ``False`` when ``wait_until`` passed first
         """
         me = threading.get_ident()
         with self._turn:
-            while self._holder is not None and self._holder[0] != me:
+            holder = self._holder
+            if (holder is None and not self._turn_queue) or (holder is not None
+                                                              and holder[0] == me):
+                self._holder = (me, token)
+                return True
+            entry = (me, token)
+            self._turn_queue.append(entry)
+            while self._holder is not entry:
                 left = None if wait_until is None else wait_until - time.perf_counter()
                 if left is not None and left <= 0:
+                    self._turn_queue.remove(entry)
                     return False
                 self._turn.wait(left)
-            self._holder = (me, token)
             return True
 
     def _turn_limit(self, began: float, deadline: Optional[float]) -> Optional[float]:
@@ -265,7 +281,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     def _end_turn(self, token: object) -> None:
         with self._turn:
             if self._holder is not None and self._holder[1] is token:
-                self._holder = None
+                # Hand the process to the oldest waiter (see _wait_for_turn).
+                self._holder = self._turn_queue.popleft() if self._turn_queue else None
                 self._turn.notify_all()
 
     def _busy_error(self, waited: float) -> VowpalWabbitBusyError:
@@ -430,6 +447,57 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._restart_count += 1
         logger.warning("restarted the vw engine (%s): vw[%s] -> vw[%s], restart #%d",
                        reason, old_pid, self.pid, self._restart_count)
+
+    def reload(self, vw_args: VwArgs, timeout: float = 5.0) -> None:
+        """Switch to an engine started with new arguments (typically
+        ``-i new_model.vw``), with no failed call.
+
+        The new engine is started and checked while calls go on with the old
+        one; then, between two calls, the process switches to it, and the old
+        engine is closed in the background (within ``timeout``; its ``-f``
+        model, if any, is written). What the old engine had in flight is
+        dropped with it. A process that had failed is healthy again after a
+        reload.
+
+        :param vw_args: the new engine arguments
+        :param timeout: seconds the old engine gets to exit
+        :raises VowpalWabbitStartupError: when the new engine cannot start;
+            the process goes on with the old one
+        :raises VowpalWabbitBusyError: when another thread's call holds the
+            process for longer than ``io_timeout_s`` (the new engine is stopped)
+        """
+        validate_seconds(timeout, "timeout", allow_none=False)
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        argv = self._reload_argv(vw_args)
+        engine = self._start_engine(argv=argv)
+        began = time.perf_counter()
+        token = object()
+        if not self._wait_for_turn(token, self._turn_limit(began, None)):
+            engine.abort()
+            raise self._busy_error(time.perf_counter() - began)
+        try:
+            if self._closed:
+                engine.abort()
+                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            if self._replacement is not None:
+                self._replacement.cancel(timeout)
+                self._replacement = None
+            old = self._engine
+            if self._in_forked_child():
+                old = None  # the parent's: never touched here
+            self._reloaded(vw_args, argv)
+            self._adopt(engine)
+            failed, self._broken = self._broken, None
+        finally:
+            self._end_turn(token)
+        logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
+                    " ".join(argv))
+        if old is not None and not old.closed:
+            threading.Thread(target=_close_old_engine,
+                             args=(old, min(timeout, _FAILED_ENGINE_CLOSE_S) if failed
+                                   else timeout),
+                             name="subwabbit-reload-close", daemon=True).start()
 
     def restart(self, timeout: float = 5.0) -> None:
         """Replace the engine with a fresh one started with the same command line.
@@ -702,6 +770,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     def _after_fork_in_child(self) -> None:
         self._turn = threading.Condition(threading.Lock())
+        self._turn_queue = collections.deque()
         self._holder = None
         if self._engine is not None:
             self._engine.abandon_in_fork()
@@ -709,3 +778,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._replacement.abandon_in_fork()
         self._engine = self._channel = self._replacement = None
         self._broken = None
+
+
+def _close_old_engine(engine: EngineProcess, timeout: float) -> None:
+    """Close an engine a reload replaced (on a thread of its own)."""
+    try:
+        engine.close(timeout)
+    except VowpalWabbitError as exc:
+        logger.warning("the vw engine replaced by reload() failed: %s", exc)

@@ -1,0 +1,125 @@
+"""``reload(vw_args)`` on every single-process class: the new model serves
+the calls after the switch, calls around it never fail or mix models, and a
+reload that cannot start leaves the old model serving."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
+                       VowpalWabbitStartupError)
+
+from conftest import DictFormatter, proc_stat, scoring_args
+from test_pool import common, items, second_model, truth  # noqa: F401  (fixtures)
+
+SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
+
+
+def _gone(pid):
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        stat = proc_stat(pid)
+        if stat is None or stat[0] == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_reload_switches_models_between_calls_from_other_threads(
+        kind, trained_model, second_model, truth):
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model))
+    try:
+        old_pid = model.pid
+        stop = threading.Event()
+        errors, served = [], []
+
+        def worker():
+            while not stop.is_set():
+                try:
+                    got = list(model.predict(common(1), items(3000), timeout=0.050))
+                except Exception as exc:  # pylint: disable=broad-except
+                    errors.append(repr(exc))
+                    return
+                if got == truth[trained_model][1][:len(got)]:
+                    served.append(0)
+                elif got == truth[second_model][1][:len(got)]:
+                    served.append(1)
+                else:
+                    errors.append(("mixed or wrong", len(got)))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        time.sleep(0.2)
+        model.reload(scoring_args(second_model))
+        time.sleep(0.2)
+        stop.set()
+        thread.join(30)
+        assert errors == []
+        assert 0 in served and 1 in served
+        assert served == sorted(served)  # never back to the old model
+        assert list(model.predict(common(2), items(3000))) == truth[second_model][2]
+        assert model.pid != old_pid and _gone(old_pid)
+        assert model.restart_count == 0
+        assert "-i" in model.argv and second_model in model.argv
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_a_reload_that_cannot_start_leaves_the_old_model(kind, trained_model, truth, tmp_path):
+    with SYNC[kind](DictFormatter(), scoring_args(trained_model)) as model:
+        pid = model.pid
+        with pytest.raises(VowpalWabbitStartupError):
+            model.reload(["-i", str(tmp_path / "missing.vw"), "-t", "--quiet"])
+        assert model.pid == pid
+        assert list(model.predict(common(3), items(3000))) == truth[trained_model][3]
+
+
+def test_reload_mends_a_failed_process(trained_model, second_model, truth):
+    with VowpalWabbitNonBlockingProcess(DictFormatter(), scoring_args(trained_model)) as model:
+        model.vw_process.kill()
+        with pytest.raises(VowpalWabbitError):
+            list(model.predict(common(1), items(3000)))
+        with pytest.raises(VowpalWabbitError):
+            list(model.predict(common(1), items(3)))
+        model.reload(scoring_args(second_model))
+        assert list(model.predict(common(1), items(3000))) == truth[second_model][1]
+
+
+def test_asyncio_reload_with_tasks_calling_meanwhile(trained_model, second_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitProcess(DictFormatter(),
+                                            scoring_args(trained_model)) as model:
+            old_pid = model.pid
+            stop = False
+            served = []
+
+            async def caller():
+                while not stop:
+                    got = await model.predict(common(4), items(3000), timeout=0.050)
+                    if got == truth[trained_model][4][:len(got)]:
+                        served.append(0)
+                    else:
+                        assert got == truth[second_model][4][:len(got)]
+                        served.append(1)
+                    await asyncio.sleep(0)
+
+            task = asyncio.ensure_future(caller())
+            await asyncio.sleep(0.2)
+            await model.reload(scoring_args(second_model))
+            await asyncio.sleep(0.2)
+            stop = True
+            await task
+            assert 0 in served and 1 in served and served == sorted(served)
+            with pytest.raises(VowpalWabbitStartupError):
+                await model.reload(["-i", "/nonexistent/model.vw", "-t", "--quiet"])
+            assert await model.predict(common(5), items(3000)) == truth[second_model][5]
+            assert model.restart_count == 0
+            return old_pid
+
+    old_pid = asyncio.run(main())
+    assert _gone(old_pid)
