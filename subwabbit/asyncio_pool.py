@@ -21,11 +21,11 @@ from .command import VwArgs
 from .core.roster import Slot
 from .core.split import Lane, SplitPredictExchange
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
+from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S
 from .pool import _ENGINE_FAILURES, PoolBase, _close_quietly
-from .sync_driver import start_engine
 from .transfer import pump
 
 logger = logging.getLogger("subwabbit")
@@ -58,13 +58,12 @@ class AsyncVowpalWabbitPool(PoolBase):
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_after_fork: bool = True) -> None:
+                 restart_after_fork: bool = True, share_weights: bool = True) -> None:
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                             restart_after_fork=restart_after_fork)
-        self._argv_of[0] = self.argv
+                             restart_after_fork=restart_after_fork, share_weights=share_weights)
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
@@ -79,12 +78,14 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if not self._started:
-            engines = await self._spawn(self.argv, self.size)
+            group, engines = await self._spawn(self.argv, self.size)
             if self._closed:
                 for engine in engines:
                     engine.abort()
+                group.close()
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
             generation = self._roster.generation
+            self._groups[generation] = group
             for engine in engines:
                 self._roster.add(engine, generation)
             self._started = True
@@ -97,23 +98,21 @@ class AsyncVowpalWabbitPool(PoolBase):
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
 
-    async def _spawn(self, argv: List[str], count: int) -> List[EngineProcess]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(None, start_engine, argv, 1, self.startup_timeout_s)
-                   for _ in range(count)]
+    async def _spawn(self, argv: List[str], count: int
+                     ) -> "tuple[EngineGroup, List[EngineProcess]]":
+        group = EngineGroup(argv, self.startup_timeout_s, self.share_weights)
+        return group, await self._in_executor(group, group.start, count)
+
+    @staticmethod
+    async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:
+        """Run a blocking start of ``group`` on the loop's executor; if the
+        call is cancelled, what it started is stopped when it finishes."""
+        future = asyncio.get_running_loop().run_in_executor(None, start, *args)
         try:
-            await asyncio.wait(futures)
+            return await asyncio.shield(future)
         except asyncio.CancelledError:
-            for future in futures:
-                future.add_done_callback(_abort_started)
+            future.add_done_callback(lambda done: _abort_started(done, group))
             raise
-        engines = [future.result() for future in futures if future.exception() is None]
-        errors = [future.exception() for future in futures if future.exception() is not None]
-        if errors:
-            for engine in engines:
-                engine.abort()
-            raise errors[0]  # type: ignore[misc]
-        return engines
 
     async def close(self, timeout: float = 30.0) -> None:
         """Stop every engine within ``timeout`` without blocking the loop
@@ -131,12 +130,19 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             for slot in slots:
                 slot.engine.abandon_in_fork()
+            for group in self._groups.values():
+                group.abandon_in_fork()
             return
+        loop = asyncio.get_running_loop()
+        began = _clock()
         if slots:
-            loop = asyncio.get_running_loop()
             closing = [loop.run_in_executor(None, _close_quietly, slot.engine, timeout)
                        for slot in slots]
             await asyncio.wait(closing, timeout=timeout)
+        groups = [loop.run_in_executor(None, group.close, max(0.0, began + timeout - _clock()))
+                  for group in self._groups.values()]
+        if groups:
+            await asyncio.wait(groups, timeout=max(0.001, began + timeout - _clock()))
 
     def _release(self) -> None:
         if self._closed:
@@ -229,8 +235,7 @@ class AsyncVowpalWabbitPool(PoolBase):
             self._owner_pid = os.getpid()
             self._restart_count += 1
             generation = self._roster.generation
-            for _ in range(self.size):
-                self._background(self._add_engine(self._argv_of[generation], generation))
+            self._background(self._start_group(generation))
             return True
         if not self._started:
             raise VowpalWabbitError(f"{type(self).__name__} is not started: await its start() "
@@ -338,15 +343,34 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._close_later([slot], 0.5)
         if replacing:
             generation = slot.generation
-            self._background(self._add_engine(self._argv_of[generation], generation, True))
+            self._background(self._add_engine(generation, True))
 
-    async def _add_engine(self, argv: List[str], generation: int, replacing: bool = False) -> None:
+    async def _start_group(self, generation: int) -> None:
+        """In a forked child: start the engines of the current model."""
         try:
-            engines = await self._spawn(argv, 1)
+            group, engines = await self._spawn(self.argv, self.size)
+        except VowpalWabbitError as exc:
+            logger.warning("starting the pool's vw engines failed: %s", exc)
+            return
+        if self._closed or generation != self._roster.generation:
+            for engine in engines:
+                engine.abort()
+            group.close()
+            return
+        self._groups[generation] = group
+        for engine in engines:
+            self._roster.add(engine, generation)
+        self._notify()
+
+    async def _add_engine(self, generation: int, replacing: bool = False) -> None:
+        group = self._groups.get(generation)
+        if group is None:
+            return
+        try:
+            engine = await self._in_executor(group, group.add_one)
         except VowpalWabbitError as exc:
             logger.warning("starting a vw engine for the pool failed: %s", exc)
             return
-        engine = engines[0]
         if self._closed or generation != self._roster.generation:
             engine.abort()
             return
@@ -378,18 +402,22 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         argv = self._reload_argv(vw_args)
-        engines = await self._spawn(argv, self.size)
+        group, engines = await self._spawn(argv, self.size)
         if self._closed:
             for engine in engines:
                 engine.abort()
+            group.close()
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        idle = self._switch_now(argv, engines)
+        idle, old_groups = self._switch_now(group, engines)
         self._reloaded(vw_args, argv)
         self._started = True
         self._notify()
         logger.info("reloaded the pool: generation %d, vw%s", self._roster.generation,
                     [engine.pid for engine in engines])
         self._close_later(idle, timeout)
+        loop = asyncio.get_running_loop()
+        for old in old_groups:
+            loop.run_in_executor(None, old.close, timeout)
 
     # ------------------------------------------------------------------ fork
 
@@ -397,11 +425,18 @@ class AsyncVowpalWabbitPool(PoolBase):
         for slot in list(self._roster.slots):
             slot.engine.abandon_in_fork()
             self._roster.remove(slot)
+        for group in self._groups.values():
+            group.abandon_in_fork()
+        self._groups = {}
         self._waiters = []
         self._tasks = set()
 
 
-def _abort_started(future: "asyncio.Future[EngineProcess]") -> None:
-    """Stop an engine whose start was cancelled while it was being started."""
+def _abort_started(future: "asyncio.Future[Any]", group: EngineGroup) -> None:
+    """Stop what a cancelled start started (an engine, or a list of them)."""
     if not future.cancelled() and future.exception() is None:
-        future.result().abort()
+        started = future.result()
+        for engine in started if isinstance(started, list) else [started]:
+            engine.abort()
+        if isinstance(started, list):
+            group.close()

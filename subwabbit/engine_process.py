@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Deque, Optional, Sequence
+from typing import Any, Deque, Dict, Optional, Sequence
 
 try:  # POSIX only; `import subwabbit` must still work elsewhere
     import fcntl
@@ -142,7 +142,9 @@ class EngineProcess:
     :raises VowpalWabbitStartupError: when the engine cannot be run at all
     """
 
-    def __init__(self, argv: Sequence[str], *, prints_answers: bool = True) -> None:
+    def __init__(self, argv: Sequence[str], *, prints_answers: bool = True,
+                 proc: Optional[Any] = None, env: Optional[Dict[str, str]] = None,
+                 pass_fds: Sequence[int] = ()) -> None:
         self.argv = list(argv)
         self.prints_answers = prints_answers
         self._stderr_tail: Deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -150,13 +152,19 @@ class EngineProcess:
         self._abandoned = False
         self._killed_by_us = False
         self._failure_reported = False
-        try:
-            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, bufsize=0)
-        except OSError as exc:
-            raise VowpalWabbitStartupError(
-                f"cannot run the vw engine {self.argv[0]!r}: {exc}", argv=self.argv) from exc
+        if proc is not None:
+            # Started elsewhere (a fork server's child): a Popen-like object
+            # with pid, stdin, stdout, stderr, returncode, poll, wait, kill,
+            # terminate.
+            self.proc = proc
+        else:
+            try:
+                self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                    self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, bufsize=0, env=env, pass_fds=tuple(pass_fds))
+            except OSError as exc:
+                raise VowpalWabbitStartupError(
+                    f"cannot run the vw engine {self.argv[0]!r}: {exc}", argv=self.argv) from exc
         self.pid = self.proc.pid
         #: the process that started the engine (a forked child must not touch it)
         self.owner_pid = os.getpid()

@@ -8,7 +8,6 @@ engines at once; concurrent calls share the engines fairly
 the engines it holds, so threads need no lock while they do I/O.
 """
 
-import concurrent.futures
 import logging
 import os
 import select
@@ -23,13 +22,13 @@ from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
+from .engine_group import EngineGroup
 from .engine_process import SELECT_FD_LIMIT, EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import parse_scalars
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
-from .sync_driver import start_engine
 from .transfer import pump
 
 logger = logging.getLogger("subwabbit")
@@ -44,6 +43,21 @@ _ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
 #: are left to deal (smaller requests are served by one engine: a second
 #: would save less time than waking it costs).
 SPLIT_MIN_ITEMS = 2 * DEFAULT_BATCH_SIZE
+
+
+def smaps_rollup(pid: int) -> Dict[str, int]:
+    """The memory totals of ``/proc/PID/smaps_rollup`` in bytes (empty when
+    the process is gone or the file is unreadable)."""
+    fields: Dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return fields
 
 
 def default_pool_size() -> int:
@@ -86,7 +100,8 @@ class PoolBase(ClientBase):
                         batch_size: int, max_pending_lines: int, write_cutoff_s: float,
                         vw_command: Union[str, Sequence[str], None],
                         metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
-                        io_timeout_s: Optional[float], restart_after_fork: bool) -> None:
+                        io_timeout_s: Optional[float], restart_after_fork: bool,
+                        share_weights: bool) -> None:
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=False,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
@@ -96,7 +111,9 @@ class PoolBase(ClientBase):
                                                       write_cutoff_s)
         self.max_pending_lines = max_pending_lines
         self._roster = Roster()
-        self._argv_of: Dict[int, List[str]] = {}
+        self.share_weights = bool(share_weights)
+        #: the engines of each generation still in service
+        self._groups: Dict[int, EngineGroup] = {}
         self._closed = False
         #: counters since the pool was created (see :meth:`stats`)
         self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
@@ -267,17 +284,47 @@ class PoolBase(ClientBase):
         self._counters["engine_failures"] += 1
         return in_service and slot.generation == self._roster.generation and not self._closed
 
-    def _switch_now(self, argv: List[str], engines: List[Any]) -> List[Slot]:
+    def _switch_now(self, group: EngineGroup, engines: List[Any]
+                    ) -> "tuple[List[Slot], List[EngineGroup]]":
         """Put a reload's engines in service and serve new calls with them.
 
-        :returns: the old engines no call holds, to close now
+        :returns: the old engines no call holds, to close now, and the old
+            groups (whose fork servers can go: their engines live on)
         """
         generation = self._roster.generation + 1
-        self._argv_of[generation] = argv
+        old_groups = list(self._groups.values())
+        self._groups = {generation: group}
         for engine in engines:
             self._roster.add(engine, generation)
         self._counters["reloads"] += 1
-        return self._roster.switch(generation)
+        return self._roster.switch(generation), old_groups
+
+    def shares_weights(self) -> bool:
+        """Whether the engines serving the current model were forked from one
+        process that loaded it (they share its memory pages)."""
+        group = self._groups.get(self._roster.generation)
+        return group is not None and group.shares_weights
+
+    def memory_usage(self) -> Dict[str, int]:
+        """Memory of the engines serving the current model (and of the
+        process that loaded it, when they share its pages), from
+        ``/proc/PID/smaps_rollup``: ``rss_bytes`` (the sum, pages shared
+        between engines counted once per engine), ``pss_bytes`` (each shared
+        page divided among the processes that share it: what the pool
+        costs), and ``processes``.
+        """
+        pids = self.engine_pids()
+        group = self._groups.get(self._roster.generation)
+        if group is not None and group.server is not None:
+            pids.append(group.server.pid)
+        usage = {"rss_bytes": 0, "pss_bytes": 0, "processes": 0}
+        for pid in pids:
+            fields = smaps_rollup(pid)
+            if fields:
+                usage["rss_bytes"] += fields.get("Rss", 0)
+                usage["pss_bytes"] += fields.get("Pss", 0)
+                usage["processes"] += 1
+        return usage
 
     def _log_failure(self, slot: Slot, error: BaseException, replacing: bool) -> None:
         if isinstance(error, VowpalWabbitError):
@@ -319,6 +366,10 @@ class VowpalWabbitPool(PoolBase):
         silent before it is taken for stuck (and replaced)
     :param restart_after_fork: in a forked child, start the pool's own engines
         at the first call (``False``: raise)
+    :param share_weights: with the wheel's engine, load the model once and
+        fork the engines from that process, so that they share its memory
+        (see :meth:`memory_usage`); a ``vw`` executable, a model that needs
+        vw's own driver, or ``-f`` in ``vw_args`` load a copy per engine
     :raises VowpalWabbitStartupError: when an engine cannot start (the
         others are stopped)
     """
@@ -330,37 +381,27 @@ class VowpalWabbitPool(PoolBase):
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_after_fork: bool = True) -> None:
+                 restart_after_fork: bool = True, share_weights: bool = True) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                             restart_after_fork=restart_after_fork)
-        engines = self._spawn(self.argv, self.size)
-        self._argv_of[0] = self.argv
+                             restart_after_fork=restart_after_fork, share_weights=share_weights)
+        group, engines = self._spawn(self.argv, self.size)
+        self._groups[0] = group
         for engine in engines:
             self._roster.add(engine, 0)
 
     # ------------------------------------------------------------- engines
 
-    def _spawn(self, argv: List[str], count: int) -> List[EngineProcess]:
-        """Start ``count`` engines at once and check each answers.
+    def _spawn(self, argv: List[str], count: int) -> "tuple[EngineGroup, List[EngineProcess]]":
+        """Start ``count`` engines of a model at once and check each answers.
 
         :raises VowpalWabbitStartupError: the first failure (the others are stopped)
         """
-        with concurrent.futures.ThreadPoolExecutor(
-                max_workers=count, thread_name_prefix="subwabbit-pool-start") as executor:
-            futures = [executor.submit(start_engine, argv, 1, self.startup_timeout_s)
-                       for _ in range(count)]
-            concurrent.futures.wait(futures)
-        engines = [future.result() for future in futures if future.exception() is None]
-        errors = [future.exception() for future in futures if future.exception() is not None]
-        if errors:
-            for engine in engines:
-                engine.abort()
-            raise errors[0]  # type: ignore[misc]
-        return engines
+        group = EngineGroup(argv, self.startup_timeout_s, self.share_weights)
+        return group, group.start(count)
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
         """Close engines that no call holds any more, on a thread of their own."""
@@ -386,8 +427,7 @@ class VowpalWabbitPool(PoolBase):
         slot.engine.abort()
         if not replacing:
             return
-        threading.Thread(target=self._add_engine,
-                         args=(self._argv_of[generation], generation, True),
+        threading.Thread(target=self._add_engine, args=(generation, True),
                          name="subwabbit-pool-replace", daemon=True).start()
 
     # --------------------------------------------------------------- predict
@@ -611,19 +651,22 @@ class VowpalWabbitPool(PoolBase):
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         argv = self._reload_argv(vw_args)
-        engines = self._spawn(argv, self.size)
+        group, engines = self._spawn(argv, self.size)
         with self._cond:
             if self._closed:
                 for engine in engines:
                     engine.abort()
+                group.close()
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            idle = self._switch_now(argv, engines)
+            idle, old_groups = self._switch_now(group, engines)
             self._reloaded(vw_args, argv)
             generation = self._roster.generation
             self._cond.notify_all()
         logger.info("reloaded the pool: generation %d, vw%s", generation,
                     [engine.pid for engine in engines])
         self._close_later(idle, timeout)
+        for old in old_groups:
+            old.close(timeout)
 
     # ------------------------------------------------------------------ fork
 
@@ -631,6 +674,8 @@ class VowpalWabbitPool(PoolBase):
         self._cond = threading.Condition(threading.Lock())
         for slot in list(self._roster.slots):
             slot.engine.abandon_in_fork()
+        for group in self._groups.values():
+            group.abandon_in_fork()
         generation = self._roster.generation
         self._roster = Roster()
         self._roster.generation = generation
@@ -648,16 +693,37 @@ class VowpalWabbitPool(PoolBase):
             self._owner_pid = os.getpid()
             self._restart_count += 1
             generation = self._roster.generation
-            argv = self._argv_of[generation]
-        for _ in range(self.size):
-            threading.Thread(target=self._add_engine, args=(argv, generation),
-                             name="subwabbit-pool-start", daemon=True).start()
+            self._groups = {generation: EngineGroup(self.argv, self.startup_timeout_s,
+                                                    self.share_weights)}
+        threading.Thread(target=self._start_group, args=(generation,),
+                         name="subwabbit-pool-start", daemon=True).start()
 
-    def _add_engine(self, argv: List[str], generation: int, replacing: bool = False) -> None:
+    def _start_group(self, generation: int) -> None:
+        """Start the engines of ``generation``'s group and put them in
+        service (on a thread of its own: failures are logged)."""
+        group = self._groups[generation]
+        try:
+            engines = group.start(self.size)
+        except VowpalWabbitError as exc:
+            logger.warning("starting the pool's vw engines failed: %s", exc)
+            return
+        with self._cond:
+            if self._closed or generation != self._roster.generation:
+                for engine in engines:
+                    engine.abort()
+                return
+            for engine in engines:
+                self._roster.add(engine, generation)
+            self._cond.notify_all()
+
+    def _add_engine(self, generation: int, replacing: bool = False) -> None:
         """Start one engine for ``generation`` and put it in service (on a
         thread of its own: failures are logged)."""
+        group = self._groups.get(generation)
+        if group is None:
+            return
         try:
-            engine = start_engine(argv, 1, self.startup_timeout_s)
+            engine = group.add_one()
         except VowpalWabbitError as exc:
             logger.warning("starting a vw engine for the pool failed: %s", exc)
             return
@@ -689,6 +755,8 @@ class VowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             for slot in slots:
                 slot.engine.abandon_in_fork()
+            for group in self._groups.values():
+                group.abandon_in_fork()
             return
         deadline = _clock() + timeout
         threads = []
@@ -699,6 +767,8 @@ class VowpalWabbitPool(PoolBase):
             threads.append(thread)
         for thread in threads:
             thread.join(max(0.0, deadline - _clock()))
+        for group in self._groups.values():
+            group.close(max(0.0, deadline - _clock()))
 
     def _release(self) -> None:
         if self._closed:

@@ -296,3 +296,63 @@ def test_a_forked_child_starts_its_own_engines_and_the_parent_is_untouched(
     assert not set(report["pids"]) & set(parent_pids)
     assert pool.engine_pids() == parent_pids
     assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
+# ------------------------------------------------------------- shared model
+
+def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        assert pool.shares_weights()
+        server = pool._groups[0].server  # pylint: disable=protected-access
+        for pid in pool.engine_pids():
+            assert int(proc_stat(pid)[1]) == server.pid  # the server's children, not ours
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        usage = pool.memory_usage()
+        assert usage["processes"] == 3 and 0 < usage["pss_bytes"] <= usage["rss_bytes"]
+        # Replacements are forked too, and an engine outlives a server that died.
+        os.kill(pool.engine_pids()[0], signal.SIGKILL)
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert all(int(proc_stat(pid)[1]) == server.pid for pid in pool.engine_pids())
+        os.kill(server.pid, signal.SIGKILL)
+        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+        os.kill(pool.engine_pids()[0], signal.SIGKILL)
+        assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["engines"] == 2  # started on its own once the server was gone
+        assert pool.predict(common(5), items(3000)) == truth[trained_model][5]
+
+
+@pytest.mark.parametrize("extra, shared", [([], False), (["-f", "MODEL"], False)])
+def test_a_copy_per_engine_when_sharing_is_off_or_impossible(trained_model, truth, tmp_path,
+                                                            extra, shared):
+    extra = [str(tmp_path / "out.vw") if arg == "MODEL" else arg for arg in extra]
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model) + extra, size=2,
+                          share_weights=bool(extra)) as pool:
+        assert pool.shares_weights() is shared
+        for pid in pool.engine_pids():
+            assert int(proc_stat(pid)[1]) == os.getpid()
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
+def test_a_model_that_needs_vws_own_driver_is_served_by_separate_engines(tmp_path):
+    data = tmp_path / "oaa.txt"
+    data.write_text("".join(f"{1 + n % 3} |f x{n % 3}\n" for n in range(300)), encoding="utf-8")
+    model = tmp_path / "oaa.vw"
+    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(model), "--oaa", "3",
+                                               "--quiet"], check=True, timeout=120)
+
+    class F(DictFormatter):
+        def format_common_features(self, common_features, debug_info=None):
+            return "|c"
+
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            return f"|f x{item_features['id'] % 3}"
+
+    with VowpalWabbitPool(F(), ["-i", str(model), "-t", "--quiet"], size=2) as pool:
+        assert not pool.shares_weights()
+        assert pool.predict(None, items(300)) == [1 + (n % 50) % 3 for n in range(300)]

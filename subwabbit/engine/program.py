@@ -340,8 +340,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError as exc:
         sys.stderr.write(f"subwabbit.engine: cannot import pylibvw from the vowpalwabbit package: {exc}\n")
         return 1
+    fork_server_fd = os.environ.pop(FORK_SERVER_ENV_VAR, None)
     try:
         loop = _start_loop(pylibvw, args)
+        if fork_server_fd is not None:
+            return serve_forks(loop, int(fork_server_fd))
         if loop is not None:
             loop.run()
             loop.workspace.finish()
@@ -351,6 +354,95 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"vw: {exc}\n")
         sys.stderr.flush()
         return 1
+
+
+#: Environment variable naming the descriptor of a ``SOCK_SEQPACKET`` Unix
+#: socket: the engine then loads the model once and becomes a *fork server*
+#: (see :func:`serve_forks`) instead of reading stdin.
+FORK_SERVER_ENV_VAR = "SUBWABBIT_ENGINE_FORK_SERVER"
+
+
+def serve_forks(loop: Optional[OneThreadLoop], sock_fd: int) -> int:
+    """Serve engines that share this process's model: the fork server.
+
+    The client sends ``fork`` with three descriptors (the new engine's stdin,
+    stdout and stderr); the server forks, and the child serves those pipes
+    with the one-thread loop over the model loaded here, whose pages the
+    children share until one of them writes to them (a model loaded with
+    ``-t`` is only read). The server answers ``pid N``, reports ``exit N
+    CODE`` when a child ends, and ends itself when its stdin or the socket
+    closes. It answers ``nofork`` (then ends) when the model needs vw's own
+    driver, which cannot be forked once started.
+    """
+    import selectors  # pylint: disable=import-outside-toplevel
+    import socket  # pylint: disable=import-outside-toplevel
+    sock = socket.socket(fileno=sock_fd)
+    if loop is None:
+        sock.send(b"nofork")
+        return 0
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(0, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    sock.send(b"ready")
+    children = set()
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sock:
+                message, fds, _, _ = socket.recv_fds(sock, 64, 3)
+                if not message:
+                    return 0
+                if message == b"fork" and len(fds) == 3:
+                    pid = os.fork()
+                    if pid == 0:
+                        selector.close()
+                        sock.close()
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                        os.close(wake_r)
+                        os.close(wake_w)
+                        os._exit(_serve_forked(loop, fds))  # pylint: disable=protected-access
+                    children.add(pid)
+                    sock.send(b"pid %d" % pid)
+                for fd in fds:
+                    os.close(fd)
+            elif key.fileobj == 0:
+                if not os.read(0, 4096):
+                    return 0
+            else:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            try:
+                sock.send(b"exit %d %d" % (pid, os.waitstatus_to_exitcode(status)))
+            except OSError:
+                return 0
+
+
+def _serve_forked(loop: OneThreadLoop, fds: List[int]) -> int:
+    """In a forked child of the fork server: serve the given pipes."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    try:
+        loop.run()
+        loop.workspace.finish()
+    except BaseException as exc:  # pylint: disable=broad-except
+        sys.stderr.write(f"vw: {exc}\n")
+        sys.stderr.flush()
+        return 1
+    sys.stdout.flush()
+    return 0
 
 
 def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:

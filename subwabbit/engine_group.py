@@ -1,0 +1,106 @@
+"""The engines a pool runs for one model: started together, checked, replaced,
+sharing one copy of the model where the engine allows it.
+
+With the wheel's engine (and no ``-f``) one process loads the model and the
+engines are forked from it (:mod:`subwabbit.fork_server`), so that N engines
+cost about one model's memory; otherwise each engine is started on its own.
+Everything here blocks; the asyncio pool runs it on its executor.
+"""
+
+import concurrent.futures
+import logging
+import time
+from typing import List, Optional
+
+from .core.channel import Channel
+from .engine_process import EngineProcess
+from .errors import VowpalWabbitError
+from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
+from .sync_driver import check_answers_probe, start_engine
+
+logger = logging.getLogger("subwabbit")
+
+_clock = time.perf_counter
+
+
+class EngineGroup:
+    """The engines of one model (one generation of a pool).
+
+    :param argv: the engine command line
+    :param startup_timeout_s: how long loading the model and each engine's
+        first answer may take
+    :param share_weights: fork the engines from one process that loaded the
+        model, where the engine allows it
+    """
+
+    def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool) -> None:
+        self.argv = argv
+        self.startup_timeout_s = startup_timeout_s
+        self.server: Optional[ForkServer] = None
+        self._share = share_weights and can_share_weights(argv)
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the engines are forked from one copy of the model."""
+        return self.server is not None
+
+    def start(self, count: int) -> List[EngineProcess]:
+        """Start ``count`` engines and check that each answers.
+
+        :raises VowpalWabbitStartupError: the first failure (every engine
+            started is stopped)
+        """
+        if self._share:
+            try:
+                self.server = ForkServer(self.argv, self.startup_timeout_s)
+            except ForkServerUnavailable:
+                logger.info("the model needs vw's own driver: the pool's engines load a copy "
+                            "each")
+                self._share = False
+        if self.server is not None:
+            try:
+                return [self.add_one() for _ in range(count)]
+            except BaseException:
+                self.close()
+                raise
+        with concurrent.futures.ThreadPoolExecutor(
+                max_workers=count, thread_name_prefix="subwabbit-pool-start") as executor:
+            futures = [executor.submit(start_engine, self.argv, 1, self.startup_timeout_s)
+                       for _ in range(count)]
+            concurrent.futures.wait(futures)
+        engines = [future.result() for future in futures if future.exception() is None]
+        errors = [future.exception() for future in futures if future.exception() is not None]
+        if errors:
+            for engine in engines:
+                engine.abort()
+            raise errors[0]  # type: ignore[misc]
+        return engines
+
+    def add_one(self) -> EngineProcess:
+        """Start one more engine (a replacement) and check that it answers."""
+        server = self.server
+        if server is None or server.closed:
+            return start_engine(self.argv, 1, self.startup_timeout_s)
+        deadline = _clock() + self.startup_timeout_s
+        engine = server.fork_engine(self.startup_timeout_s)
+        try:
+            check_answers_probe(engine, Channel(1), deadline)
+        except BaseException:
+            engine.abort()
+            raise
+        return engine
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the fork server, if any (its engines are closed one by one)."""
+        server, self.server = self.server, None
+        if server is not None:
+            try:
+                server.close(timeout_s)
+            except VowpalWabbitError as exc:
+                logger.debug("closing the pool's fork server: %s", exc)
+
+    def abandon_in_fork(self) -> None:
+        """In a forked client process: let go of the server without touching it."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.abandon_in_fork()

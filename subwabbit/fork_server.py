@@ -1,0 +1,272 @@
+"""Engines that share one copy of a model: the client side of the wheel
+engine's fork server.
+
+A recommender model is large (``-b 25`` with adaptive and normalized updates
+is hundreds of MiB), and N engines that each load it cost N times that. VW's
+daemon mode loads the model once and forks its children, which share the
+weights' memory pages as long as nobody writes them. The wheel's engine does
+the same for a pool: started with :data:`~subwabbit.engine.program.FORK_SERVER_ENV_VAR`
+it loads the model and then forks one engine per request, handing each the
+pipes the client created (over a Unix socket, ``SCM_RIGHTS``). Each forked
+engine speaks the usual pipe protocol; it is a :class:`~subwabbit.engine_process.EngineProcess`
+whose process handle is a :class:`ForkedProcess`.
+
+Only the wheel's engine can do this, with the one-thread loop (scalar
+predictions) and without ``-f`` (every child would write the model at exit).
+A ``vw`` executable has no such mode on pipes (its ``--daemon`` serves TCP
+connections), so a pool of executables loads one copy per engine.
+"""
+
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from .command import default_engine_command
+from .engine.program import FORK_SERVER_ENV_VAR, option_name
+from .engine_process import EngineProcess
+from .errors import VowpalWabbitError, VowpalWabbitStartupError
+
+logger = logging.getLogger("subwabbit")
+
+_clock = time.perf_counter
+
+
+def can_share_weights(argv: Sequence[str]) -> bool:
+    """Whether engines of ``argv`` can be forked from one that loaded the
+    model: the wheel's engine, with no ``-f`` (and no ``SUBWABBIT_ENGINE_DRIVER=vw``)."""
+    engine = default_engine_command()
+    if list(argv[:len(engine)]) != engine:
+        return False
+    if os.environ.get("SUBWABBIT_ENGINE_DRIVER", "") == "vw":
+        return False
+    return not any(option_name(token) in ("-f", "--final_regressor") for token in argv)
+
+
+class ForkedProcess:
+    """A ``subprocess.Popen``-like handle on an engine forked by a fork server.
+
+    The engine is not this process's child: the fork server reaps it and
+    reports its exit status. Signals go through a pidfd where the system has
+    them, so that a signal can never reach another process that reused the pid.
+    """
+
+    def __init__(self, pid: int, stdin_fd: int, stdout_fd: int, stderr_fd: int,
+                 server: "ForkServer") -> None:
+        self.pid = pid
+        self.stdin = os.fdopen(stdin_fd, "wb", buffering=0)
+        self.stdout = os.fdopen(stdout_fd, "rb", buffering=0)
+        self.stderr = os.fdopen(stderr_fd, "rb", buffering=0)
+        self.returncode: Optional[int] = None
+        self._server = server
+        self._pidfd: Optional[int] = None
+        try:
+            self._pidfd = os.pidfd_open(pid)  # type: ignore[attr-defined]
+        except (AttributeError, OSError):
+            pass
+
+    def poll(self) -> Optional[int]:
+        """The exit status, once known (``None`` while it runs)."""
+        if self.returncode is None:
+            code = self._server.exit_status(self.pid)
+            if code is None and self._gone():
+                # Exited, and its status cannot come any more (the server is gone).
+                code = 0 if self._server.closed else None
+            if code is not None:
+                self.returncode = code
+                self._close_pidfd()
+        return self.returncode
+
+    def _gone(self) -> bool:
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], 0)[0])
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait for the exit status.
+
+        :raises subprocess.TimeoutExpired: when ``timeout`` passes first
+        """
+        deadline = None if timeout is None else _clock() + timeout
+        delay = 0.0005
+        while self.poll() is None:
+            if deadline is not None and _clock() >= deadline:
+                raise subprocess.TimeoutExpired(["vw", str(self.pid)], timeout or 0.0)
+            time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - _clock())))
+            delay = min(delay * 2, 0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)  # type: ignore[attr-defined]
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def __del__(self) -> None:
+        self._close_pidfd()
+
+
+class ForkServer:
+    """A wheel engine that loaded the model once and forks engines that share it.
+
+    :param argv: the engine command line (see :func:`can_share_weights`)
+    :param startup_timeout_s: how long loading the model may take
+    :raises VowpalWabbitStartupError: when the engine cannot load the model
+    :raises ForkServerUnavailable: when the model needs vw's own driver
+    """
+
+    def __init__(self, argv: List[str], startup_timeout_s: float) -> None:
+        self.argv = argv
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        env = dict(os.environ)
+        env[FORK_SERVER_ENV_VAR] = str(theirs.fileno())
+        try:
+            self.engine = EngineProcess(argv, prints_answers=False, env=env,
+                                        pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self.engine.drain_stdout_in_background()
+        self._lock = threading.Lock()
+        self._replies: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._exits: Dict[int, int] = {}
+        self.closed = False
+        ready = self._first_message(startup_timeout_s)
+        if ready == b"nofork":
+            self.close()
+            raise ForkServerUnavailable("the model needs vw's own driver, which cannot fork")
+        if ready != b"ready":
+            error = self.engine.startup_error(
+                "the vw engine failed to load the model for a pool", wait_for_exit=True)
+            self.close()
+            raise error
+        self._reader = threading.Thread(target=self._read_messages, daemon=True,
+                                        name=f"subwabbit-vw{self.engine.pid}-forks")
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.engine.pid
+
+    def _first_message(self, timeout_s: float) -> bytes:
+        ready, _, _ = select.select([self._sock], [], [], timeout_s)
+        if not ready:
+            self.close()
+            raise VowpalWabbitStartupError(
+                f"the vw engine did not load the model within {timeout_s:g} s",
+                argv=self.argv, stderr_tail=self.engine.stderr_tail())
+        try:
+            return self._sock.recv(64)
+        except OSError:
+            return b""
+
+    def _read_messages(self) -> None:
+        while True:
+            try:
+                message = self._sock.recv(64)
+            except OSError:
+                message = b""
+            if not message:
+                self.closed = True
+                self._replies.put(None)
+                return
+            if message.startswith(b"exit "):
+                _, pid, code = message.split()
+                self._exits[int(pid)] = int(code)
+            else:
+                self._replies.put(message)
+
+    def exit_status(self, pid: int) -> Optional[int]:
+        """The exit status of a forked engine, once the server reported it."""
+        return self._exits.get(pid)
+
+    def fork_engine(self, timeout_s: float = 5.0) -> EngineProcess:
+        """Fork one more engine of the model.
+
+        :raises VowpalWabbitError: when the server is gone or does not answer
+        """
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        theirs = [stdin_r, stdout_w, stderr_w]
+        ours = [stdin_w, stdout_r, stderr_r]
+        try:
+            with self._lock:
+                if self.closed:
+                    raise VowpalWabbitError("the pool's fork server has exited",
+                                            argv=self.argv)
+                socket.send_fds(self._sock, [b"fork"], theirs)
+                reply = self._replies.get(timeout=timeout_s)
+        except (OSError, queue.Empty) as exc:
+            for fd in theirs + ours:
+                os.close(fd)
+            raise VowpalWabbitError(f"the pool's fork server did not fork an engine: {exc!r}",
+                                    argv=self.argv, stderr_tail=self.engine.stderr_tail()
+                                    ) from exc
+        except BaseException:
+            for fd in theirs + ours:
+                os.close(fd)
+            raise
+        for fd in theirs:
+            os.close(fd)
+        if reply is None or not reply.startswith(b"pid "):
+            for fd in ours:
+                os.close(fd)
+            raise VowpalWabbitError(f"the pool's fork server answered {reply!r}", argv=self.argv,
+                                    stderr_tail=self.engine.stderr_tail())
+        process = ForkedProcess(int(reply.split()[1]), stdin_w, stdout_r, stderr_r, self)
+        return EngineProcess(self.argv, prints_answers=True, proc=process)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the server (the engines it forked go on until their input closes)."""
+        self.closed = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        try:
+            self.engine.close(timeout_s)
+        except VowpalWabbitError as exc:
+            logger.debug("the pool's fork server: %s", exc)
+
+    def abandon_in_fork(self) -> None:
+        """In a forked client process: let go without touching the server."""
+        self.closed = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self.engine.abandon_in_fork()
+
+
+class ForkServerUnavailable(VowpalWabbitError):
+    """The model cannot be served by forked engines (it needs vw's own driver)."""
