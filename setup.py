@@ -30,7 +30,10 @@ setup(
     python_requires=">=3.9",
     install_requires=["vowpalwabbit>=9.0,<10"],
     extras_require={
-        "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5"],
+        "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5", "fastapi>=0.100", "uvicorn>=0.23",
+                 "prometheus_client>=0.17"],
+        "prometheus": ["prometheus_client>=0.17"],
+        "service": ["fastapi>=0.100", "uvicorn>=0.23", "prometheus_client>=0.17"],
         "docs": ["sphinx>=7", "furo>=2024.1.29"],
         "bench": ["numpy>=1.23", "matplotlib>=3.6"],
     },

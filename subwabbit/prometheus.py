@@ -1,0 +1,97 @@
+"""Prometheus metrics for subwabbit clients and pools (``pip install
+subwabbit[prometheus]``, which brings ``prometheus_client``).
+
+:func:`metrics_hook` returns a ``metrics_hook`` for any client or pool: it
+turns each call's metrics dict into Prometheus counters and histograms.
+:func:`register_pool` adds a pool's gauges (engines in service, busy, model
+generation) and counters (failures, replacements, reloads) to a registry::
+
+    from prometheus_client import CollectorRegistry
+    from subwabbit.prometheus import metrics_hook, register_pool
+
+    registry = CollectorRegistry()
+    pool = VowpalWabbitPool(formatter, vw_args, metrics_hook=metrics_hook(registry))
+    register_pool(pool, registry)
+"""
+
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+#: Buckets of the call-duration histogram, in seconds: fine around the usual
+#: 5-20 ms budgets of a recommender request.
+DURATION_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.009, 0.010, 0.011, 0.012, 0.015,
+                    0.020, 0.050, 0.100, 0.500, 1.0, 5.0)
+
+
+def metrics_hook(registry: Optional[CollectorRegistry] = None,
+                 prefix: str = "subwabbit") -> Callable[[Dict[str, Any]], None]:
+    """A ``metrics_hook`` that records every call in ``registry``.
+
+    Recorded, labelled by ``method`` (``predict``, ``train``, ...):
+    ``<prefix>_call_duration_seconds`` (histogram of ``total_time``),
+    ``<prefix>_predictions_total`` (``num_lines``),
+    ``<prefix>_calls_waited_total`` (calls that waited for an engine or
+    another call), ``<prefix>_engine_failures_total`` and
+    ``<prefix>_restarts_total``.
+
+    :param registry: where to register (default: prometheus_client's global registry)
+    :param prefix: the metric names' prefix
+    """
+    registry = REGISTRY if registry is None else registry
+    duration = Histogram(f"{prefix}_call_duration_seconds", "Duration of subwabbit calls",
+                         ["method"], buckets=DURATION_BUCKETS, registry=registry)
+    lines = Counter(f"{prefix}_predictions", "Predictions returned (lines trained, for train)",
+                    ["method"], registry=registry)
+    waited = Counter(f"{prefix}_calls_waited", "Calls that waited for an engine or another call",
+                     ["method"], registry=registry)
+    failures = Counter(f"{prefix}_engine_failures", "Engines that failed during a call",
+                       ["method"], registry=registry)
+    restarts = Counter(f"{prefix}_restarts", "Calls that started or waited for a new engine",
+                       ["method"], registry=registry)
+
+    def hook(metrics: Dict[str, Any]) -> None:
+        method = str(metrics.get("method", "predict"))
+        if "total_time" in metrics:
+            duration.labels(method).observe(metrics["total_time"])
+        lines.labels(method).inc(metrics.get("num_lines", 0))
+        if metrics.get("waited_for_other_call"):
+            waited.labels(method).inc()
+        if metrics.get("engine_failures"):
+            failures.labels(method).inc(metrics["engine_failures"])
+        if metrics.get("restarts"):
+            restarts.labels(method).inc()
+
+    return hook
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: Any, prefix: str) -> None:
+        self._pool = pool
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._pool.stats()
+        prefix = self._prefix
+        for name, help_text in (("engines", "Engines serving the current model"),
+                                ("engines_busy", "Engines held by a call"),
+                                ("generation", "Model generation (reloads so far)")):
+            yield GaugeMetricFamily(f"{prefix}_pool_{name}", help_text, value=stats[name])
+        for name, help_text in (("engine_failures", "Engines that failed"),
+                                ("engines_replaced", "Failed engines replaced"),
+                                ("reloads", "Model reloads"),
+                                ("waited_for_engine", "Calls that found no engine free")):
+            yield CounterMetricFamily(f"{prefix}_pool_{name}", help_text, value=stats[name])
+
+
+def register_pool(pool: Any, registry: Optional[CollectorRegistry] = None,
+                  prefix: str = "subwabbit") -> None:
+    """Export ``pool.stats()`` (a :class:`~subwabbit.pool.VowpalWabbitPool` or
+    :class:`~subwabbit.asyncio_pool.AsyncVowpalWabbitPool`) at every scrape.
+
+    :param registry: where to register (default: prometheus_client's global registry)
+    :param prefix: the metric names' prefix
+    """
+    (REGISTRY if registry is None else registry).register(_PoolCollector(pool, prefix))
