@@ -254,6 +254,8 @@ class AsyncVowpalWabbitPool(PoolBase):
             while True:
                 if self._closed:
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                for slot in self._roster.stuck(_clock(), self.io_timeout_s):
+                    self._take_out_failed(slot, self._stuck_error(slot))
                 generation = self._take_first(exchange, items)
                 if generation is not None:
                     break
@@ -335,7 +337,11 @@ class AsyncVowpalWabbitPool(PoolBase):
     def _fail_lane(self, exchange: SplitPredictExchange, lane: Lane,
                    error: BaseException) -> None:
         exchange.fail_lane(lane)
-        slot = lane.key
+        self._take_out_failed(lane.key, error)
+
+    def _take_out_failed(self, slot: Slot, error: BaseException) -> None:
+        """Take a failed engine out of service, stop it, and start its
+        replacement in the background."""
         replacing = self._take_out_now(slot)
         self._notify()
         self._log_failure(slot, error, replacing)

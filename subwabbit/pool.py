@@ -192,6 +192,12 @@ class PoolBase(ClientBase):
         except TypeError:
             return None
 
+    def _stuck_error(self, slot: Slot) -> VowpalWabbitTimeoutError:
+        return VowpalWabbitTimeoutError(
+            f"the vw engine owed {slot.channel.in_flight_lines} answers and printed nothing for "
+            f"{self.io_timeout_s:g} s (io_timeout_s); it may be stopped or stuck",
+            argv=self.argv)
+
     def _no_engine_error(self, start: Optional[float]) -> VowpalWabbitBusyError:
         if start is None:
             return VowpalWabbitBusyError("the pool's engines failed and none was replaced "
@@ -268,6 +274,9 @@ class PoolBase(ClientBase):
         :returns: engines to close (their generation was replaced)
         """
         self._counters["calls"] += 1
+        now = _clock()
+        for lane in lanes:
+            lane.key.note_progress(now)
         closing = [lane.key for lane in lanes if self._roster.give_back(lane.key)]
         if counted:
             self._roster.calls -= 1
@@ -513,6 +522,15 @@ class VowpalWabbitPool(PoolBase):
             while True:
                 if self._closed:
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                stuck = self._roster.stuck(_clock(), self.io_timeout_s)
+                if stuck:
+                    self._cond.release()
+                    try:
+                        for slot in stuck:
+                            self._replace(slot, self._stuck_error(slot))
+                    finally:
+                        self._cond.acquire()
+                    continue
                 generation = self._take_first(exchange, items)
                 if generation is not None:
                     break

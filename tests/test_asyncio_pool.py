@@ -155,3 +155,21 @@ def test_a_killed_engine_is_replaced_and_training_is_refused(trained_model, trut
             assert time.perf_counter() - began < 1.5
 
     run(main())
+
+
+def test_a_stopped_engine_is_replaced_after_io_timeout_s(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                                         io_timeout_s=1.0) as pool:
+            stopped = pool.engine_pids()[0]
+            os.kill(stopped, signal.SIGSTOP)
+            deadline = time.time() + 20
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                got = await pool.predict(common(1), items(3000), timeout=0.010)
+                assert got == truth[trained_model][1][:len(got)]
+                await asyncio.sleep(0.005)
+            assert pool.stats()["engine_failures"] == 1
+            assert stopped not in pool.engine_pids()
+            assert await pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+    run(main())

@@ -356,3 +356,27 @@ def test_a_model_that_needs_vws_own_driver_is_served_by_separate_engines(tmp_pat
     with VowpalWabbitPool(F(), ["-i", str(model), "-t", "--quiet"], size=2) as pool:
         assert not pool.shares_weights()
         assert pool.predict(None, items(300)) == [1 + (n % 50) % 3 for n in range(300)]
+
+
+def test_a_stopped_engine_is_replaced_after_io_timeout_s_and_calls_stay_on_time(
+        trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          io_timeout_s=1.0) as pool:
+        stopped = pool.engine_pids()[0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            deadline = time.time() + 20
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                began = time.perf_counter()
+                got = pool.predict(common(1), items(3000), timeout=0.010)
+                assert time.perf_counter() - began < 0.010 + 0.1
+                assert got == truth[trained_model][1][:len(got)]
+                time.sleep(0.005)
+            assert pool.stats()["engine_failures"] == 1
+            assert stopped not in pool.engine_pids()
+            assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+        finally:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

@@ -26,7 +26,8 @@ class Slot:
     :param generation: the model generation it serves
     """
 
-    __slots__ = ("engine", "channel", "generation", "held", "number")
+    __slots__ = ("engine", "channel", "generation", "held", "number", "quiet_since",
+                 "quiet_mark")
 
     def __init__(self, engine: Any, channel: Channel, generation: int, number: int) -> None:
         self.engine = engine
@@ -36,6 +37,25 @@ class Slot:
         self.held = False
         #: a number for logs, unique in the pool
         self.number = number
+        #: since when it owes answers and printed nothing (``None``: it does not)
+        self.quiet_since: Optional[float] = None
+        self.quiet_mark = -1
+
+    def note_progress(self, now: float) -> None:
+        """Called when a call gives the engine back: start or stop the clock
+        of an engine that owes answers and prints nothing."""
+        channel = self.channel
+        if not channel.in_flight_lines:
+            self.quiet_since = None
+        elif self.quiet_since is None or channel.bytes_received != self.quiet_mark:
+            self.quiet_since = now
+            self.quiet_mark = channel.bytes_received
+
+    def stuck(self, now: float, idle_s: Optional[float]) -> bool:
+        """Whether it has owed answers, with no byte of output, for ``idle_s``."""
+        return (idle_s is not None and self.quiet_since is not None
+                and self.channel.bytes_received == self.quiet_mark
+                and now - self.quiet_since >= idle_s)
 
     def __repr__(self) -> str:
         return (f"<Slot #{self.number} generation={self.generation} held={self.held} "
@@ -96,6 +116,11 @@ class Roster:
         return sum(1 for slot in self.slots if slot.generation == generation)
 
     # ---------------------------------------------------------------- calls
+
+    def stuck(self, now: float, idle_s: Optional[float]) -> List[Slot]:
+        """Free engines that have owed answers with no output for ``idle_s``
+        (calls with deadlines left them behind): the driver replaces them."""
+        return [slot for slot in self.slots if not slot.held and slot.stuck(now, idle_s)]
 
     def free(self, generation: int) -> List[Slot]:
         """Free engines of ``generation``, those with the least left in
