@@ -147,9 +147,12 @@ class AsyncVowpalWabbitPool(PoolBase):
     def _release(self) -> None:
         if self._closed:
             return
-        for slot in list(self._roster.slots):
-            if slot.engine.owner_pid == os.getpid() and not slot.engine.closed:
-                slot.engine.release(0.0)
+        engines = [slot.engine for slot in self._roster.slots]
+        engines += [group.server.engine for group in self._groups.values()
+                    if group.server is not None]
+        for engine in engines:
+            if engine.owner_pid == os.getpid() and not engine.closed:
+                engine.release(0.0)
 
     def __del__(self) -> None:
         try:

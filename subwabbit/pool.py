@@ -39,6 +39,9 @@ _clock = time.perf_counter
 _ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
                     VowpalWabbitTimeoutError)
 
+#: How long the report of a failed engine waits for its exit status.
+_STATUS_WAIT_S = 0.05
+
 #: A call takes one more engine only while at least this many of its items
 #: are left to deal (smaller requests are served by one engine: a second
 #: would save less time than waking it costs).
@@ -589,7 +592,9 @@ class VowpalWabbitPool(PoolBase):
             moved = False
             for lane in list(exchange.lanes):
                 try:
-                    if pump(lane.key.engine, lane.channel, exchange.end_at):
+                    # A failed engine's exit status is worth a short wait at most:
+                    # its batches go to the other engines.
+                    if pump(lane.key.engine, lane.channel, now + _STATUS_WAIT_S):
                         moved = True
                 except _ENGINE_FAILURES as exc:
                     self._fail_lane(exchange, lane, exc)
@@ -791,9 +796,12 @@ class VowpalWabbitPool(PoolBase):
     def _release(self) -> None:
         if self._closed:
             return
-        for slot in list(self._roster.slots):
-            if slot.engine.owner_pid == os.getpid() and not slot.engine.closed:
-                slot.engine.release(0.0)
+        engines = [slot.engine for slot in self._roster.slots]
+        engines += [group.server.engine for group in self._groups.values()
+                    if group.server is not None]
+        for engine in engines:
+            if engine.owner_pid == os.getpid() and not engine.closed:
+                engine.release(0.0)
 
     def __enter__(self) -> "VowpalWabbitPool":
         return self
