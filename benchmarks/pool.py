@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess
-from subwabbit.pool import default_pool_size, smaps_rollup
+from subwabbit.pool_base import default_pool_size, smaps_rollup
 
 from .limit import engine_command, per_request_rates
 from .report import nearest_rank
