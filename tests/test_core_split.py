@@ -212,3 +212,28 @@ def test_roster_switch_closes_idle_old_engines_now_and_held_ones_on_give_back():
     assert roster.give_back(new[0]) is False
     with pytest.raises(ValueError):
         roster.take(new[1]) or roster.take(new[1])
+
+
+def test_roster_reports_an_engine_stuck_only_after_idle_s_of_silence_while_owing():
+    roster = Roster()
+    slot = roster.add(object(), 0)
+    slot.note_progress(0.0)
+    assert roster.stuck(100.0, 5.0) == []  # owes nothing
+    slot.channel.begin().queue_lines(["|x 1"])
+    slot.note_progress(1.0)
+    assert roster.stuck(5.9, 5.0) == [] and roster.stuck(6.0, 5.0) == [slot]
+    assert roster.stuck(6.0, None) == []
+    slot.channel.receive(b"partial")  # any output is progress
+    assert roster.stuck(60.0, 5.0) == []
+    roster.take(slot)
+    assert roster.stuck(1000.0, 0.1) == []  # a held engine is its call's business
+
+
+def test_lanes_wanted_splits_only_requests_worth_it():
+    from subwabbit.pool_base import SPLIT_MIN_ITEMS, lanes_wanted
+    assert lanes_wanted(30, share=4, held=0) == 1
+    assert lanes_wanted(SPLIT_MIN_ITEMS * 3, share=4, held=0) == 3
+    assert lanes_wanted(SPLIT_MIN_ITEMS * 3, share=2, held=0) == 2
+    assert lanes_wanted(SPLIT_MIN_ITEMS - 1, share=4, held=1) == 0
+    assert lanes_wanted(None, share=4, held=1) == 3
+    assert lanes_wanted(10000, share=2, held=2) == 0
