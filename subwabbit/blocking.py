@@ -68,13 +68,14 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
                  restart_on_crash: bool = False, restart_after_fork: bool = True,
-                 max_lateness_s: Optional[float] = None) -> None:
+                 max_lateness_s: Optional[float] = None,
+                 prediction_type: Optional[str] = None) -> None:
         self.max_lateness_s = validate_seconds(max_lateness_s, "max_lateness_s")
         super().__init__(formatter, vw_args, batch_size, write_only=write_only,
                          audit_mode=audit_mode, vw_command=vw_command,
                          metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s,
                          io_timeout_s=io_timeout_s, restart_on_crash=restart_on_crash,
-                         restart_after_fork=restart_after_fork)
+                         restart_after_fork=restart_after_fork, prediction_type=prediction_type)
 
     _detailed_keys = ("generating_lines_time", "sending_lines_time", "receiving_lines_time")
     _timing_per_line = True  # as subwabbit 2.x documented

@@ -103,7 +103,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S, metrics_hook: Optional[MetricsHook] = None,
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True,
+                 prediction_type: Optional[str] = None) -> None:
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
@@ -114,7 +115,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                         restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+                         restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork,
+                         prediction_type=prediction_type)
 
     _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
                       "generating_lines_time", "sending_lines_time", "receiving_lines_time")
