@@ -491,7 +491,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :param metrics: as :meth:`VowpalWabbitNonBlockingProcess.predict
             <subwabbit.nonblocking.VowpalWabbitNonBlockingProcess.predict>`
         :param detailed_metrics: as the nonblocking class
-        :returns: the predictions returned by the deadline (a prefix of the items)
+        :returns: the predictions returned by the deadline (a prefix of the
+            items; for ``--cb_adf`` and ``--cb_explore_adf``, all of them or
+            none), typed by the kind of model (see :doc:`model_kinds`)
         :raises ValueError: when a formatted line is not exactly one example
         :raises VowpalWabbitEngineExitedError: when the engine dies (within the deadline)
         """

@@ -91,6 +91,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         created, start an engine of its own (in the background, as above) at
         the first call, or raise :class:`~subwabbit.errors.VowpalWabbitError`
         with ``False``; the parent's engine is never touched
+    :param prediction_type: the kind of model, for a model file; see
+        :class:`~subwabbit.blocking.VowpalWabbitProcess` and :doc:`model_kinds`
     :raises NotImplementedError: on an operating system other than Linux
     """
 
@@ -180,7 +182,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``:
             ``sending_bytes``, ``receiving_bytes``, ``pending_lines``,
             ``generating_lines_time``, ``sending_lines_time``, ``receiving_lines_time``
-        :returns: an iterator over predictions
+        :returns: an iterator over predictions, typed by the kind of model
+            (see :doc:`model_kinds`); for ``--cb_adf`` and ``--cb_explore_adf``
+            all the items' predictions or none
         :raises ValueError: when a formatted line is not exactly one example
         :raises VowpalWabbitEngineExitedError: when the engine dies (within the
             deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError` only

@@ -552,7 +552,8 @@ def test_the_wheel_engines_one_thread_loop_leaves_every_kind_to_vws_driver(name,
     import pylibvw  # pylint: disable=import-outside-toplevel,import-error
     kind = KINDS[name]
     args = kind.args + kind.file_args + ["-p", "stdout", "--quiet"]
-    assert program._start_loop(pylibvw, args) is None  # pylint: disable=protected-access
+    # decided from the arguments, without loading a model only to find out
+    assert program._loop_arguments(args) is None  # pylint: disable=protected-access
     model = _trained_file(name, tmp_path)
     assert program._start_loop(  # pylint: disable=protected-access
         pylibvw, ["-i", model, "-p", "stdout", "--quiet"] + kind.load_args) is None

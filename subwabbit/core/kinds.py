@@ -25,8 +25,8 @@ reduction                    one example's output                    kind
 ``--oaa 3`` (``--ect``, ...) ``2``                                   ``multiclass``
 ``--csoaa 3``                ``2``                                   ``cost_sensitive``
 ``--oaa 3 --probabilities``  ``1:0.49 2:0.22 3:0.28``                ``class_probabilities``
-``--multilabel_oaa 3``       ``0,2 `` (a lone space for none)        ``multilabel``
-``--plt 10 --top_k 2``       ``4,0 ``                                ``multilabel``
+``--multilabel_oaa 3``       ``0,2`` and a space (a space for none)  ``multilabel``
+``--plt 10 --top_k 2``       ``4,0`` and a space                     ``multilabel``
 ``--cb 3``                   ``1`` then an empty line (0-based)      ``cb``
 ``--cb_explore 3``           ``1:0.97,0:0.02,2:0.01`` then empty     ``cb_explore``
 ``--cb_adf --rank_all``      ``1:0.38,0:0.57`` then empty            ``cb_adf``
