@@ -94,14 +94,11 @@ class ClientBase:
             raise TypeError("metrics_hook must be callable")
         self.formatter = formatter
         self.vw_args = normalize_vw_args(vw_args)
+        #: the ``prediction_type`` argument as given (``None``: from ``vw_args``)
+        self.prediction_type = prediction_type
         #: the kind of model served: how its examples are laid out, what
         #: ``predict`` gives and what ``train`` takes (:mod:`subwabbit.core.kinds`)
-        self.prediction_kind: PredictionKind = choose_kind(self.vw_args, prediction_type,
-                                                           self._default_prediction_type)
-        if audit_mode and self.prediction_kind.name not in (SCALAR, LABEL_STRINGS):
-            raise ValueError(f"audit_mode serves models with scalar predictions only; this is "
-                             f"a {self.prediction_kind.name!r} model "
-                             f"({self.prediction_kind.origin})")
+        self.prediction_kind: PredictionKind = self._kind_for(self.vw_args, audit_mode)
         self.batch_size = batch_size
         self.write_only = bool(write_only)
         self.audit_mode = bool(audit_mode)
@@ -134,6 +131,25 @@ class ClientBase:
         """How many times the engine was restarted (by :meth:`restart`,
         ``restart_on_crash`` or after a fork)."""
         return self._restart_count
+
+    # --------------------------------------------------------------- kind
+
+    def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> PredictionKind:
+        """The kind of model that ``vw_args`` (normalised) and this object's
+        ``prediction_type`` describe; the engine's command line follows from
+        it (:meth:`PredictionKind.engine_args
+        <subwabbit.core.kinds.PredictionKind.engine_args>`), and so do the
+        answer lines per example.
+
+        :raises ValueError: for a reduction that cannot be served, a
+            ``prediction_type`` that contradicts ``vw_args``, or audit mode
+            on a model whose predictions are not scalars
+        """
+        kind = choose_kind(vw_args, self.prediction_type, self._default_prediction_type)
+        if audit_mode and kind.name not in (SCALAR, LABEL_STRINGS):
+            raise ValueError(f"audit_mode serves models with scalar predictions only; this is "
+                             f"a {kind.name!r} model ({kind.origin})")
+        return kind
 
     # ------------------------------------------------------------ channel
 

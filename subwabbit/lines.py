@@ -56,6 +56,21 @@ def _has_save_tag(line: str) -> bool:
     return any(token.lstrip("'").startswith("save") for token in _vw_tokens(header))
 
 
+def _check_text(line: str, what: str, split: str, empty: str, instead: str) -> None:
+    """The checks every line sent to the engine passes, with the words of
+    the error messages: what a line break would do, what vw does with an
+    empty line, and what a save command would take the place of."""
+    if not isinstance(line, str):
+        raise TypeError(f"{what} must be a str, got {type(line).__name__}")
+    if "\n" in line or "\r" in line:
+        raise ValueError(f"{what} contains a line break, which would {split}: {line!r}")
+    if not line or line == _BOM:
+        raise ValueError(f"{what} is empty; {empty}")
+    if "save" in line and _has_save_tag(line):
+        raise ValueError(f"{what} has a tag starting with 'save', which vw can take as a command "
+                         f"to save its model instead of {instead}: {line!r}")
+
+
 def check_line(line: str, index: int = 0) -> None:
     """Check that ``line`` is one example that yields exactly one prediction.
 
@@ -64,16 +79,8 @@ def check_line(line: str, index: int = 0) -> None:
     :raises TypeError: when ``line`` is not a string
     :raises ValueError: for a line break, an empty line or a save command
     """
-    if not isinstance(line, str):
-        raise TypeError(f"formatted example #{index} must be a str, got {type(line).__name__}")
-    if "\n" in line or "\r" in line:
-        raise ValueError(f"formatted example #{index} contains a line break, which would make "
-                         f"it two examples: {line!r}")
-    if not line or line == _BOM:
-        raise ValueError(f"formatted example #{index} is empty; vw answers nothing to an empty line")
-    if "save" in line and _has_save_tag(line):
-        raise ValueError(f"formatted example #{index} has a tag starting with 'save', which vw "
-                         f"can take as a command to save its model instead of an example: {line!r}")
+    _check_text(line, f"formatted example #{index}", "make it two examples",
+                "vw answers nothing to an empty line", "an example")
 
 
 def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
@@ -109,17 +116,9 @@ def check_example_line(line: str, what: str, item: bool = True) -> None:
         empty line (vw reads it as the end of the example), a save command,
         or an item line that vw would read as the shared line
     """
-    if not isinstance(line, str):
-        raise TypeError(f"{what} must be a str, got {type(line).__name__}")
-    if "\n" in line or "\r" in line:
-        raise ValueError(f"{what} contains a line break, which would split the multi-line "
-                         f"example: {line!r}")
-    if not line or line == _BOM:
-        raise ValueError(f"{what} is empty; vw reads an empty line as the end of a multi-line "
-                         "example")
-    if "save" in line and _has_save_tag(line):
-        raise ValueError(f"{what} has a tag starting with 'save', which vw can take as a command "
-                         f"to save its model instead of a line of the example: {line!r}")
+    _check_text(line, what, "split the multi-line example",
+                "vw reads an empty line as the end of a multi-line example",
+                "a line of the example")
     if item and "shared" in line:
         header = _vw_tokens(line.split("|", 1)[0])
         if header and header[0] == "shared":

@@ -229,7 +229,11 @@ def test_random_calls_abandoned_at_random_points_each_get_their_own_answers(seed
         assert got == numbers[:len(got)]  # a prefix of its own items, in order
         if rng.random() < 0.7:
             channel.end(call)  # abandoned, timed out, finished: all the same
-    # drain: everything owed arrives and goes nowhere
+    _drain(channel, engine)
+
+
+def _drain(channel, engine):
+    """End the call in progress; everything owed arrives and goes nowhere."""
     if channel.current is not None:
         channel.end(channel.current)
     for _ in range(100000):
@@ -509,13 +513,7 @@ def test_random_multi_line_calls_abandoned_at_random_points_get_all_their_items_
         assert got in ([], numbers)
         if rng.random() < 0.7:
             channel.end(call)
-    if channel.current is not None:
-        channel.end(channel.current)
-    for _ in range(100000):
-        if not channel.in_flight_lines:
-            break
-        pump(channel, engine)
-    assert channel.in_flight_lines == 0 and channel.stale_lines == 0
+    _drain(channel, engine)
     assert engine.example == []  # no example left open in the engine
 
 
@@ -556,28 +554,27 @@ def test_multi_line_predict_waits_for_room_behind_leftovers():
     assert exchange.cleared_at == 0.1
 
 
-def test_multi_line_predict_gives_nothing_when_the_cutoff_comes_first():
+def _with_cutoff(items):
     channel = Channel(outputs_per_line=2, multi_line=True)
-    exchange = _predict_example(channel, range(30), Pacing(batch_size=10, max_in_flight_lines=50,
-                                                           write_cutoff_s=0.5), deadline=1.0)
+    exchange = _predict_example(channel, items, Pacing(batch_size=10, max_in_flight_lines=50,
+                                                       write_cutoff_s=0.5), deadline=1.0)
     exchange.step(0.0)
+    return channel, exchange
+
+
+def test_multi_line_predict_gives_nothing_when_the_cutoff_comes_first():
+    channel, exchange = _with_cutoff(range(30))
     exchange.step(0.6)  # past the cut-off while formatting: nothing is sent
     assert exchange.done and channel.unwritten_bytes == 0 and channel.in_flight_lines == 0
     assert exchange.returned == 0
 
 
 def test_multi_line_predict_at_the_cutoff_forgets_an_unwritten_example_and_keeps_a_written_one():
-    channel = Channel(outputs_per_line=2, multi_line=True)
-    exchange = _predict_example(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=50,
-                                                          write_cutoff_s=0.5), deadline=1.0)
-    exchange.step(0.0)
+    channel, exchange = _with_cutoff(range(5))
     assert channel.in_flight_lines == 5
     exchange.step(0.6)  # nothing written yet: forgotten, the call is over
     assert exchange.done and channel.unwritten_bytes == 0 and channel.in_flight_lines == 0
-    channel = Channel(outputs_per_line=2, multi_line=True)
-    exchange = _predict_example(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=50,
-                                                          write_cutoff_s=0.5), deadline=1.0)
-    exchange.step(0.0)
+    channel, exchange = _with_cutoff(range(5))
     channel.write_with(lambda view: 3)
     exchange.step(0.6)
     assert not exchange.done and channel.in_flight_lines == 5  # sent whole, awaited

@@ -41,6 +41,8 @@ import math
 import numbers
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..base import _format_number as _number_text  # a number as vw reads it
+from ..engine.program import option_name
 from ..errors import VowpalWabbitProtocolError
 from ..lines import parse_labels, parse_scalar, parse_scalars
 
@@ -96,13 +98,6 @@ def _protocol_error(line: bytes, expected: str) -> VowpalWabbitProtocolError:
 def _first_token(line: bytes) -> bytes:
     """The text before the first space (the prediction without a tag)."""
     return line.split(b" ", 1)[0]
-
-
-def _number_text(value: Any) -> str:
-    """A number as vw reads it (NumPy scalars as plain numbers)."""
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    return repr(float(value))
 
 
 def _is_int(value: Any) -> bool:
@@ -232,7 +227,7 @@ class PredictionKind:
             except VowpalWabbitProtocolError as exc:
                 raise VowpalWabbitProtocolError(
                     f"the vw engine answered a probe example with {lines!r}, which is not what "
-                    f"a {self.name!r} model prints ({self.gives} per item, chosen by "
+                    f"a {self.name!r} model prints ({self.gives} per item; the kind comes from "
                     f"{self.origin}): {exc.message}. A model file carries its reductions: pass "
                     f"prediction_type= to say which kind of model it is (one of "
                     f"{', '.join(sorted(KINDS))})") from None
@@ -712,23 +707,15 @@ _FAMILY = {CLASS_PROBABILITIES: MULTICLASS, CLASS_SCORES: MULTICLASS,
            LABEL_STRINGS: MULTILABEL}
 
 
-def _option_name(token: str) -> Optional[str]:
-    if token.startswith("--"):
-        return token.split("=", 1)[0]
-    if token.startswith("-") and len(token) >= 2 and not token[1].isdigit() and token[1] != ".":
-        return token[:2]
-    return None
-
-
 def _option_value(args: Sequence[str], name: str) -> Optional[str]:
     """The value of the last ``name`` option in ``args`` (``''`` when it has none)."""
     value = None
     for index, token in enumerate(args):
-        if _option_name(token) != name:
+        if option_name(token) != name:
             continue
         if "=" in token:
             value = token.split("=", 1)[1]
-        elif index + 1 < len(args) and _option_name(args[index + 1]) is None:
+        elif index + 1 < len(args) and option_name(args[index + 1]) is None:
             value = args[index + 1]
         else:
             value = ""
@@ -748,7 +735,7 @@ def refuse_unservable(vw_args: Sequence[str]) -> None:
 
     :raises ValueError: naming the argument and why
     """
-    names = [_option_name(token) for token in vw_args]
+    names = [option_name(token) for token in vw_args]
     for name in names:
         if name is None:
             continue
@@ -785,7 +772,7 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
     if prediction_type is not None and prediction_type not in KINDS:
         raise ValueError(f"prediction_type must be one of {', '.join(sorted(KINDS))}, "
                          f"got {prediction_type!r}")
-    names = {_option_name(token) for token in args}
+    names = {option_name(token) for token in args}
     option = next((option for option, _ in _REDUCTIONS if option in names), None)
     inferred = dict(_REDUCTIONS).get(option) if option else None
     if inferred in (MULTICLASS, None) and "--probabilities" in names:
