@@ -367,7 +367,8 @@ class MulticlassKind(PredictionKind):
 
 
 class CostSensitiveKind(MulticlassKind):
-    """``--csoaa``: the class label per item; labels are dicts ``{class: cost}``."""
+    """``--csoaa``: the class label per item; labels are dicts ``{class: cost}``
+    (VW's text, such as ``'1:0 2:1 3:1'``, is taken too)."""
 
     name = COST_SENSITIVE
     weighted = False
@@ -376,6 +377,8 @@ class CostSensitiveKind(MulticlassKind):
         texts = []
         for index, label in enumerate(labels):
             what = f"labels[{index}]"
+            if isinstance(label, str):
+                label = self._from_text(label, what)
             if not isinstance(label, dict) or not label:
                 raise TypeError(f"{what} must be a non-empty dict {{class label: cost}} for a "
                                 f"cost-sensitive model ({self.origin}), got {label!r}")
@@ -386,6 +389,20 @@ class CostSensitiveKind(MulticlassKind):
                 parts.append(f"{text}:{_number_text(cost)}")
             texts.append(" ".join(parts))
         return texts
+
+    def _from_text(self, text: str, what: str) -> Dict[Any, float]:
+        """``'1:0 2:1'`` as ``{1: 0.0, 2: 1.0}``, to be checked as a dict."""
+        costs: Dict[Any, float] = {}
+        for token in text.split():
+            klass, colon, cost = token.partition(":")
+            try:
+                if not colon:
+                    raise ValueError()
+                costs[klass if self.classes.names is not None else int(klass)] = float(cost)
+            except ValueError:
+                raise ValueError(f"{what} must be a dict {{class label: cost}} or VW's text "
+                                 f"such as '1:0 2:1', got {text!r}") from None
+        return costs
 
 
 class ClassScoresKind(MulticlassKind):
