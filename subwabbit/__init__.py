@@ -17,6 +17,7 @@ from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, Vowpa
                      VowpalWabbitProtocolError, VowpalWabbitStartupError,
                      VowpalWabbitTimeoutError)
 from .escaping import escape_name
+from .exploration import sample_item
 from .explanation import AuditFeature, parse_audit_features
 from .nonblocking import VowpalWabbitNonBlockingProcess
 from .plt import VowpalWabbitPLTProcess
@@ -46,4 +47,5 @@ __all__ = [
     "__version__",
     "escape_name",
     "parse_audit_features",
+    "sample_item",
 ]

@@ -56,12 +56,14 @@ class AsyncVowpalWabbitPool(PoolBase):
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_after_fork: bool = True, share_weights: bool = True) -> None:
+                 restart_after_fork: bool = True, share_weights: bool = True,
+                 prediction_type: Optional[str] = None) -> None:
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                             restart_after_fork=restart_after_fork, share_weights=share_weights)
+                             restart_after_fork=restart_after_fork, share_weights=share_weights,
+                             prediction_type=prediction_type)
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
@@ -93,7 +95,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     async def _spawn(self, argv: List[str], count: int
                      ) -> "tuple[EngineGroup, List[EngineProcess]]":
-        group = EngineGroup(argv, self.startup_timeout_s, self.share_weights)
+        group = self._new_group(argv)
         return group, await _in_executor(group, group.start, count)
 
     async def close(self, timeout: float = 30.0) -> None:

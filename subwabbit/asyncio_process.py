@@ -11,24 +11,24 @@ import collections
 import logging
 import os
 import time
-from typing import (Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
-                             ProbeExchange, SendExchange, format_common_part)
+                             ProbeExchange, SendExchange, format_common_part,
+                             new_predict_exchange)
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
-from .lines import check_line, parse_scalar, parse_scalars
+from .lines import check_line, parse_scalar
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
 from .saving import ModelSave
-from .transfer import check_probe_result, pump
+from .transfer import check_probe_result, pump, startup_probe
 
 logger = logging.getLogger("subwabbit")
 
@@ -125,9 +125,6 @@ class AsyncVowpalWabbitProcess(ClientBase):
     with ``restart_after_fork=False``).
     """
 
-    #: turns raw prediction lines into the values ``predict`` gives
-    parse_predictions: Callable[[List[bytes]], List[Any]] = staticmethod(parse_scalars)
-
     _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
                       "generating_lines_time", "sending_lines_time", "receiving_lines_time")
 
@@ -139,7 +136,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True,
+                 prediction_type: Optional[str] = None) -> None:
         self._engine: Optional[EngineProcess] = None
         self._channel: Optional[Channel] = None
         self._closed = False
@@ -150,7 +148,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork,
+                        prediction_type=prediction_type)
         self._broken: Optional[BaseException] = None
         self._turn = _FifoTurn()
         self._starting: Optional["asyncio.Task[EngineProcess]"] = None
@@ -218,7 +217,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     def _adopt(self, engine: EngineProcess) -> None:
         self._engine = engine
-        self._channel = Channel(self._outputs_per_line)
+        self._channel = self._new_channel()
         self._owner_pid = engine.owner_pid
         self._broken = None
         if self._ever_started:
@@ -239,16 +238,18 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             if self.pipe_buffer_size_bytes is not None:
                 engine.set_pipe_size(self.pipe_buffer_size_bytes)
-            channel = Channel(self._outputs_per_line)
-            exchange = ProbeExchange(channel, channel.begin(), deadline, None)
+            exchange = startup_probe(self._outputs_per_line, deadline, self._probe_kind)
+            mismatch = None
             try:
                 await self._drive(engine, exchange)
             except VowpalWabbitEngineExitedError as exc:
                 await self._await_exit(engine, _clock() + 1.0)
                 raise engine.exited_at_startup(read_s=0.1) from exc
+            except VowpalWabbitProtocolError as exc:
+                mismatch = exc
             finally:
                 exchange.end()
-            check_probe_result(engine, exchange)
+            check_probe_result(engine, exchange, mismatch, self._probe_kind)
         except BaseException:
             engine.abort()
             raise
@@ -490,7 +491,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :param metrics: as :meth:`VowpalWabbitNonBlockingProcess.predict
             <subwabbit.nonblocking.VowpalWabbitNonBlockingProcess.predict>`
         :param detailed_metrics: as the nonblocking class
-        :returns: the predictions returned by the deadline (a prefix of the items)
+        :returns: the predictions returned by the deadline (a prefix of the
+            items; for ``--cb_adf`` and ``--cb_explore_adf``, all of them or
+            none), typed by the kind of model (see :doc:`model_kinds`)
         :raises ValueError: when a formatted line is not exactly one example
         :raises VowpalWabbitEngineExitedError: when the engine dies (within the deadline)
         """
@@ -513,10 +516,10 @@ class AsyncVowpalWabbitProcess(ClientBase):
             if metrics is not None:
                 metrics["prepare_time"] = _clock() - start
                 metrics["before_cleanup_pending_lines"] = channel.stale_lines
-            exchange = PredictExchange(
-                channel, call, formatter=self.formatter, common_part=common_part,
-                common_features=common_features, items=items_features, debug_info=debug_info,
-                parse=self.parse_predictions, pacing=self._pacing(), deadline=deadline,
+            exchange = new_predict_exchange(
+                channel, call, kind=self.prediction_kind, formatter=self.formatter,
+                common_part=common_part, common_features=common_features, items=items_features,
+                debug_info=debug_info, pacing=self._pacing(), deadline=deadline,
                 idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock)
             predictions = await self._run(exchange, detailed_metrics)
             return predictions

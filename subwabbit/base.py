@@ -37,6 +37,12 @@ class VowpalWabbitBaseFormatter(ABC):
 
     Every formatted example must be a single line: the model checks this and
     raises :class:`ValueError` otherwise.
+
+    For the multi-line kinds (``--cb_adf``, ``--cb_explore_adf``) the parts
+    are not joined: the items of one call make one example, whose first line
+    is ``shared`` followed by what :meth:`format_common_features` returns
+    (the request's features, without a label), then one line per item with
+    what :meth:`format_item_features` returns (see :doc:`model_kinds`).
     """
 
     @abstractmethod

@@ -56,6 +56,10 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         flight is discarded by the next call. ``None`` (the default): read the
         predictions of everything sent before the deadline, however long that
         takes. See :doc:`throughput` for what a bound costs in predictions
+    :param prediction_type: the kind of model, when ``vw_args`` do not show
+        it (a model file carries its reductions): ``'multiclass'``,
+        ``'cb_explore_adf'``, ... (see :doc:`model_kinds`); ``None``: from
+        ``vw_args``. It decides what ``predict`` gives and ``train`` takes
     :raises VowpalWabbitStartupError: when the engine cannot start (the message
         carries the engine's own words)
     :raises ValueError: for invalid arguments
@@ -68,13 +72,14 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
                  restart_on_crash: bool = False, restart_after_fork: bool = True,
-                 max_lateness_s: Optional[float] = None) -> None:
+                 max_lateness_s: Optional[float] = None,
+                 prediction_type: Optional[str] = None) -> None:
         self.max_lateness_s = validate_seconds(max_lateness_s, "max_lateness_s")
         super().__init__(formatter, vw_args, batch_size, write_only=write_only,
                          audit_mode=audit_mode, vw_command=vw_command,
                          metrics_hook=metrics_hook, startup_timeout_s=startup_timeout_s,
                          io_timeout_s=io_timeout_s, restart_on_crash=restart_on_crash,
-                         restart_after_fork=restart_after_fork)
+                         restart_after_fork=restart_after_fork, prediction_type=prediction_type)
 
     _detailed_keys = ("generating_lines_time", "sending_lines_time", "receiving_lines_time")
     _timing_per_line = True  # as subwabbit 2.x documented
@@ -114,8 +119,11 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
             tuples: ``generating_lines_time`` (seconds per line, each line's share
             of its batch, as in 2.x), ``sending_lines_time`` and
             ``receiving_lines_time`` (seconds per write and per read)
-        :returns: an iterator over predictions (floats; label strings for
-            :class:`~subwabbit.plt.VowpalWabbitPLTProcess`)
+        :returns: an iterator over predictions, typed by the kind of model
+            (floats for scalar models; ``int`` classes for ``--oaa``; label
+            strings for :class:`~subwabbit.plt.VowpalWabbitPLTProcess`; see
+            :doc:`model_kinds`). For ``--cb_adf`` and ``--cb_explore_adf`` the
+            items make one example: a timeout gives all of them or none
         :raises VowpalWabbitError: on a write-only or audit-mode process, or when the
             engine fails (:class:`~subwabbit.errors.VowpalWabbitEngineExitedError`,
             :class:`~subwabbit.errors.VowpalWabbitTimeoutError` after ``io_timeout_s``)
@@ -140,12 +148,18 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
 
         :param common_features: passed to ``format_common_features``
         :param items_features: one entry per item
-        :param labels: one label per item (a number, or a label string such as ``'0,1'``)
+        :param labels: one label per item, as the kind of model takes it (a
+            number, or a label string such as ``'0,1'``, for scalar models;
+            an ``int`` class for ``--oaa``; ``None`` or ``(cost, probability)``
+            for ``--cb_explore_adf``; see :doc:`model_kinds`), checked before
+            anything is sent
         :param weights: one importance weight or ``None`` per item (``None``:
             no weights). Lists must match the items in length; other
             iterables (``itertools.repeat(None)``) are read as far as the items go
         :param debug_info: passed to every formatter call
-        :raises ValueError: for mismatched lengths, non-finite labels or weights,
+        :raises ValueError: for mismatched lengths, a label the kind of model
+            does not take (naming the item and the rule), non-finite or
+            negative weights (or weights where the kind's labels carry none),
             or a formatted line that is not exactly one example
         """
         super().train(common_features, items_features, labels, weights, debug_info)

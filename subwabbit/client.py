@@ -12,7 +12,6 @@ import atexit
 import itertools
 import logging
 import math
-import numbers
 import os
 import threading
 import time
@@ -20,13 +19,15 @@ import weakref
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .base import Label, VowpalWabbitBaseFormatter, example_joiner
+from .base import VowpalWabbitBaseFormatter, example_joiner
 from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
 from .engine.program import option_name
+from .core.channel import Channel
 from .core.exchanges import Pacing, check_item_parts, format_common_part
+from .core.kinds import LABEL_STRINGS, SCALAR, PredictionKind, choose_kind
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
-from .lines import check_line
+from .lines import check_line, encode_example
 
 logger = logging.getLogger("subwabbit")
 
@@ -64,14 +65,20 @@ class ClientBase:
     :param restart_after_fork: in a process forked after this object was
         created, start a new engine at the first call (``True``) or raise
         :class:`~subwabbit.errors.VowpalWabbitError` (``False``)
+    :param prediction_type: the kind of model (see :mod:`subwabbit.core.kinds`),
+        when ``vw_args`` do not show it (a model file carries its reductions)
     """
+
+    #: the kind of model a class serves when neither ``vw_args`` nor
+    #: ``prediction_type`` says one (see :func:`~subwabbit.core.kinds.choose_kind`)
+    _default_prediction_type: Optional[str] = None
 
     def _configure(self, formatter: Any, vw_args: VwArgs, batch_size: int, *,
                    write_only: bool, audit_mode: bool,
                    vw_command: Union[str, Sequence[str], None],
                    metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                    io_timeout_s: Optional[float], restart_on_crash: bool,
-                   restart_after_fork: bool) -> None:
+                   restart_after_fork: bool, prediction_type: Optional[str] = None) -> None:
         missing = [name for name in _FORMATTER_METHODS
                    if not callable(getattr(formatter, name, None))]
         if missing:
@@ -87,6 +94,11 @@ class ClientBase:
             raise TypeError("metrics_hook must be callable")
         self.formatter = formatter
         self.vw_args = normalize_vw_args(vw_args)
+        #: the ``prediction_type`` argument as given (``None``: from ``vw_args``)
+        self.prediction_type = prediction_type
+        #: the kind of model served: how its examples are laid out, what
+        #: ``predict`` gives and what ``train`` takes (:mod:`subwabbit.core.kinds`)
+        self.prediction_kind: PredictionKind = self._kind_for(self.vw_args, audit_mode)
         self.batch_size = batch_size
         self.write_only = bool(write_only)
         self.audit_mode = bool(audit_mode)
@@ -99,10 +111,11 @@ class ClientBase:
         self.restart_on_crash = bool(restart_on_crash)
         self.restart_after_fork = bool(restart_after_fork)
         self.vw_command = resolve_engine_command(vw_command)
-        self.argv = build_argv(self.vw_command, self.vw_args, predictions=not self.write_only,
-                               audit=self.audit_mode)
+        self.argv = build_argv(self.vw_command, self.prediction_kind.engine_args(self.vw_args),
+                               predictions=not self.write_only, audit=self.audit_mode)
         self._outputs_per_line = (0 if self.write_only else
-                                  AUDIT_LINES_PER_EXAMPLE if self.audit_mode else 1)
+                                  AUDIT_LINES_PER_EXAMPLE if self.audit_mode else
+                                  self.prediction_kind.answer_lines)
         self._restart_count = 0
         self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
                                        for token in self.vw_args)
@@ -115,13 +128,27 @@ class ClientBase:
 
     def _reload_argv(self, vw_args: VwArgs) -> List[str]:
         """The command line a :meth:`reload` with ``vw_args`` starts (checked
-        as the constructor checks it)."""
-        return build_argv(self.vw_command, normalize_vw_args(vw_args),
+        as the constructor checks it).
+
+        :raises ValueError: when ``vw_args`` make another kind of model (a
+            reload swaps the model, not what ``predict`` returns)
+        """
+        normalized = normalize_vw_args(vw_args)
+        kind = self._kind_for(normalized, self.audit_mode)
+        if (kind.name, kind.answer_lines, kind.multi_line) != (
+                self.prediction_kind.name, self.prediction_kind.answer_lines,
+                self.prediction_kind.multi_line):
+            raise ValueError(f"reload() cannot change the kind of model: this object serves a "
+                             f"{self.prediction_kind.name!r} model ({self.prediction_kind.origin})"
+                             f" and the new arguments make a {kind.name!r} one ({kind.origin}); "
+                             "create a new object")
+        return build_argv(self.vw_command, kind.engine_args(normalized),
                           predictions=not self.write_only, audit=self.audit_mode)
 
     def _reloaded(self, vw_args: VwArgs, argv: List[str]) -> None:
         """Remember the arguments of the engine a reload switched to."""
         self.vw_args = normalize_vw_args(vw_args)
+        self.prediction_kind = self._kind_for(self.vw_args, self.audit_mode)
         self.argv = argv
         self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
                                        for token in self.vw_args)
@@ -133,6 +160,37 @@ class ClientBase:
         """How many times the engine was restarted (by :meth:`restart`,
         ``restart_on_crash`` or after a fork)."""
         return self._restart_count
+
+    # --------------------------------------------------------------- kind
+
+    def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> PredictionKind:
+        """The kind of model that ``vw_args`` (normalised) and this object's
+        ``prediction_type`` describe; the engine's command line follows from
+        it (:meth:`PredictionKind.engine_args
+        <subwabbit.core.kinds.PredictionKind.engine_args>`), and so do the
+        answer lines per example.
+
+        :raises ValueError: for a reduction that cannot be served, a
+            ``prediction_type`` that contradicts ``vw_args``, or audit mode
+            on a model whose predictions are not scalars
+        """
+        kind = choose_kind(vw_args, self.prediction_type, self._default_prediction_type)
+        if audit_mode and kind.name not in (SCALAR, LABEL_STRINGS):
+            raise ValueError(f"audit_mode serves models with scalar predictions only; this is "
+                             f"a {kind.name!r} model ({kind.origin})")
+        return kind
+
+    # ------------------------------------------------------------ channel
+
+    def _new_channel(self) -> Channel:
+        """A channel for a newly started engine, laid out for the model's kind."""
+        return Channel(self._outputs_per_line, self.prediction_kind.multi_line)
+
+    @property
+    def _probe_kind(self) -> Optional[PredictionKind]:
+        """The kind whose shape the start-up probes' answers must have
+        (``None`` in audit mode, whose answers are three lines of another shape)."""
+        return None if self.audit_mode else self.prediction_kind
 
     # ----------------------------------------------------------- pacing
 
@@ -218,26 +276,29 @@ class ClientBase:
 
     def _format_training_lines(self, common_features: Any, items_features: Any, labels: Any,
                                weights: Any, debug_info: Any) -> List[str]:
-        """Format and check every labelled example before anything is sent."""
+        """Format and check every labelled example before anything is sent.
+
+        :returns: one line per item, or, for a multi-line kind, the lines of
+            the one example the items make (none without items)
+        """
         items = list(items_features)
         labels = _take_along(labels, len(items), "labels")
         weights = ([None] * len(items) if weights is None
                    else _take_along(weights, len(items), "weights"))
-        for index, label in enumerate(labels):
-            kind = type(label)
-            # Plain ints and finite floats pass without a call (inf - inf is nan).
-            if kind is not int and not (kind is float and label - label == 0.0):
-                _check_label(label, index)
-        for index, weight in enumerate(weights):
-            if weight is not None:
-                _check_number(weight, f"weights[{index}]")
-                if weight < 0:
-                    raise ValueError(f"weights[{index}] is negative: {weight!r}")
+        kind = self.prediction_kind
+        labels = kind.check_labels(labels)
+        kind.check_weights(weights)
         formatter = self.formatter
         common = format_common_part(formatter, common_features, debug_info)
         parts = [formatter.format_item_features(common_features, item, debug_info=debug_info)
                  for item in items]
         check_item_parts(parts)
+        if kind.multi_line:
+            if not items:
+                return []
+            lines = kind.example_lines(common, parts, labels)
+            encode_example(lines)  # checks that the lines make exactly one example
+            return lines
         join = example_joiner(formatter) or partial(VowpalWabbitBaseFormatter.get_formatted_example,
                                                     formatter)
         lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
@@ -348,26 +409,3 @@ def _take_along(values: Any, count: int, what: str) -> List[Any]:
     if len(taken) < count:
         raise ValueError(f"{what} ran out after {len(taken)} of {count} items")
     return taken
-
-
-def _check_number(value: Any, what: str) -> None:
-    kind = type(value)
-    if kind is int:
-        return
-    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be finite, got {value!r}")
-
-
-def _check_label(label: Label, index: int) -> None:
-    if label is None:
-        raise ValueError(f"labels[{index}] is None; every trained item needs a label")
-    if isinstance(label, str):
-        if not label or any(ch.isspace() or ch in "|" for ch in label):
-            raise ValueError(f"labels[{index}] must be a non-empty label without spaces or '|', "
-                             f"got {label!r}")
-        return
-    _check_number(label, f"labels[{index}]")

@@ -29,12 +29,6 @@ _OWNED_OPTIONS = {
     "--audit": "pass audit_mode=True instead",
 }
 
-#: Reductions whose examples span several lines: they break one-prediction-per-line.
-_MULTILINE_OPTIONS = (
-    "--cb_adf", "--cb_explore_adf", "--ccb_explore_adf", "--slates", "--csoaa_ldf",
-    "--wap_ldf", "--cbify_ldf", "--search", "--explore_eval",
-)
-
 VwArgs = Union[Sequence[Union[str, int, float]], str]
 
 
@@ -45,7 +39,8 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
         split like a shell would
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
-        ``--audit``, ...), a multi-line reduction, or a token with a NUL byte
+        ``--audit``, ...), or a token with a NUL byte (reductions subwabbit
+        cannot serve are refused by :func:`~subwabbit.core.kinds.choose_kind`)
     :raises TypeError: for a token that is not a string or a number
     """
     if isinstance(vw_args, str):
@@ -69,9 +64,6 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
             if value in ("stdout", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
                 raise ValueError("vw_args must not send raw predictions to stdout: "
                                  "subwabbit reads predictions from it")
-        if name in _MULTILINE_OPTIONS:
-            raise ValueError(f"vw_args contains {name}: multi-line examples are not supported, "
-                             "each example must be exactly one line")
     return tokens
 
 

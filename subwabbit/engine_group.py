@@ -12,7 +12,7 @@ import logging
 import time
 from typing import List, Optional
 
-from .core.channel import Channel
+from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
@@ -31,11 +31,17 @@ class EngineGroup:
         first answer may take
     :param share_weights: fork the engines from one process that loaded the
         model, where the engine allows it
+    :param outputs_per_line: answer lines per example (the model kind's)
+    :param kind: the model's kind, whose shape the start-up probes' answers
+        must have (``None``: any)
     """
 
-    def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool) -> None:
+    def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
+                 outputs_per_line: int = 1, kind: Optional[PredictionKind] = None) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
+        self.outputs_per_line = outputs_per_line
+        self.kind = kind
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
 
@@ -65,7 +71,8 @@ class EngineGroup:
                 raise
         with concurrent.futures.ThreadPoolExecutor(
                 max_workers=count, thread_name_prefix="subwabbit-pool-start") as executor:
-            futures = [executor.submit(start_engine, self.argv, 1, self.startup_timeout_s)
+            futures = [executor.submit(start_engine, self.argv, self.outputs_per_line,
+                                       self.startup_timeout_s, None, self.kind)
                        for _ in range(count)]
             concurrent.futures.wait(futures)
         engines = [future.result() for future in futures if future.exception() is None]
@@ -80,11 +87,12 @@ class EngineGroup:
         """Start one more engine (a replacement) and check that it answers."""
         server = self.server
         if server is None or server.closed:
-            return start_engine(self.argv, 1, self.startup_timeout_s)
+            return start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
+                                self.kind)
         deadline = _clock() + self.startup_timeout_s
         engine = server.fork_engine(self.startup_timeout_s)
         try:
-            check_answers_probe(engine, Channel(1), deadline)
+            check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
         except BaseException:
             engine.abort()
             raise

@@ -2,8 +2,13 @@
 
 The client counts one prediction per line it sends, so every line must be
 one the engine answers exactly once: no embedded line breaks (two examples),
-not empty (no answer), and no tag starting with ``save`` (the engine's save
-command, which answers nothing).
+not empty (no answer; vw drops a byte order mark at the start of a line, so
+a line of only that is empty too), and no tag starting with ``save`` (the
+engine's save command, which answers nothing).
+
+A multi-line example (``--cb_adf``, ``--cb_explore_adf``) is answered once,
+after the empty line that ends it, so none of its lines may be one that vw
+reads as that end (:func:`encode_example`).
 """
 
 import re
@@ -28,6 +33,9 @@ def check_line_part(part: str, what: str) -> None:
 
 _VW_WHITESPACE = re.compile(r"[ \t]+")
 
+#: A UTF-8 byte order mark, which vw drops at the start of a line.
+_BOM = "\ufeff"
+
 
 def _vw_tokens(text: str) -> List[str]:
     """Split like vw does: on spaces and tabs only (not on other Unicode whitespace)."""
@@ -48,6 +56,21 @@ def _has_save_tag(line: str) -> bool:
     return any(token.lstrip("'").startswith("save") for token in _vw_tokens(header))
 
 
+def _check_text(line: str, what: str, split: str, empty: str, instead: str) -> None:
+    """The checks every line sent to the engine passes, with the words of
+    the error messages: what a line break would do, what vw does with an
+    empty line, and what a save command would take the place of."""
+    if not isinstance(line, str):
+        raise TypeError(f"{what} must be a str, got {type(line).__name__}")
+    if "\n" in line or "\r" in line:
+        raise ValueError(f"{what} contains a line break, which would {split}: {line!r}")
+    if not line or line == _BOM:
+        raise ValueError(f"{what} is empty; {empty}")
+    if "save" in line and _has_save_tag(line):
+        raise ValueError(f"{what} has a tag starting with 'save', which vw can take as a command "
+                         f"to save its model instead of {instead}: {line!r}")
+
+
 def check_line(line: str, index: int = 0) -> None:
     """Check that ``line`` is one example that yields exactly one prediction.
 
@@ -56,16 +79,8 @@ def check_line(line: str, index: int = 0) -> None:
     :raises TypeError: when ``line`` is not a string
     :raises ValueError: for a line break, an empty line or a save command
     """
-    if not isinstance(line, str):
-        raise TypeError(f"formatted example #{index} must be a str, got {type(line).__name__}")
-    if "\n" in line or "\r" in line:
-        raise ValueError(f"formatted example #{index} contains a line break, which would make "
-                         f"it two examples: {line!r}")
-    if not line:
-        raise ValueError(f"formatted example #{index} is empty; vw answers nothing to an empty line")
-    if "save" in line and _has_save_tag(line):
-        raise ValueError(f"formatted example #{index} has a tag starting with 'save', which vw "
-                         f"can take as a command to save its model instead of an example: {line!r}")
+    _check_text(line, f"formatted example #{index}", "make it two examples",
+                "vw answers nothing to an empty line", "an example")
 
 
 def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
@@ -83,10 +98,60 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
         flat = "".join(lines)
     except TypeError:
         flat = ""
-    if not flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat:
+    if not flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat or _BOM in flat:
         for offset, line in enumerate(lines):
             check_line(line, first_index + offset)
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def check_example_line(line: str, what: str, item: bool = True) -> None:
+    """Check one line of a multi-line example.
+
+    :param line: the line, without its newline
+    :param what: how to name it in the error message
+    :param item: whether it is an item (action) line, which must not be a
+        ``shared`` line
+    :raises TypeError: when ``line`` is not a string
+    :raises ValueError: for a line break (it would split the example), an
+        empty line (vw reads it as the end of the example), a save command,
+        or an item line that vw would read as the shared line
+    """
+    _check_text(line, what, "split the multi-line example",
+                "vw reads an empty line as the end of a multi-line example",
+                "a line of the example")
+    if item and "shared" in line:
+        header = _vw_tokens(line.split("|", 1)[0])
+        if header and header[0] == "shared":
+            raise ValueError(f"{what} starts with 'shared', which makes it the shared line of "
+                             f"the example instead of an item: {line!r}")
+
+
+def encode_example(lines: Sequence[str]) -> bytes:
+    """Check the lines of one multi-line example and encode them, with the
+    empty line that ends the example, as UTF-8.
+
+    :param lines: the example's lines without newlines: its shared line
+        first, then the item lines
+    :returns: the bytes to send
+    :raises ValueError: see :func:`check_example_line`, naming the item by
+        its position; also for an example without item lines
+    """
+    shared_lines = 1
+    if len(lines) <= shared_lines:
+        raise ValueError("a multi-line example needs at least one item line")
+    try:
+        flat = "".join(lines)
+        items_flat = "".join(lines[shared_lines:])
+    except TypeError:
+        flat = items_flat = ""
+    if (not items_flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat
+            or _BOM in flat or "shared" in items_flat):
+        for index, line in enumerate(lines):
+            if index < shared_lines:
+                check_example_line(line, "the shared line", item=False)
+            else:
+                check_example_line(line, f"formatted item #{index - shared_lines}")
+    return ("\n".join(lines) + "\n\n").encode("utf-8")
 
 
 def parse_scalar(line: bytes) -> float:

@@ -91,6 +91,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         created, start an engine of its own (in the background, as above) at
         the first call, or raise :class:`~subwabbit.errors.VowpalWabbitError`
         with ``False``; the parent's engine is never touched
+    :param prediction_type: the kind of model, for a model file; see
+        :class:`~subwabbit.blocking.VowpalWabbitProcess` and :doc:`model_kinds`
     :raises NotImplementedError: on an operating system other than Linux
     """
 
@@ -103,7 +105,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S, metrics_hook: Optional[MetricsHook] = None,
                  startup_timeout_s: float = 60.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_on_crash: bool = False, restart_after_fork: bool = True) -> None:
+                 restart_on_crash: bool = False, restart_after_fork: bool = True,
+                 prediction_type: Optional[str] = None) -> None:
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
@@ -114,7 +117,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                         restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+                         restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork,
+                         prediction_type=prediction_type)
 
     _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
                       "generating_lines_time", "sending_lines_time", "receiving_lines_time")
@@ -178,7 +182,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``:
             ``sending_bytes``, ``receiving_bytes``, ``pending_lines``,
             ``generating_lines_time``, ``sending_lines_time``, ``receiving_lines_time``
-        :returns: an iterator over predictions
+        :returns: an iterator over predictions, typed by the kind of model
+            (see :doc:`model_kinds`); for ``--cb_adf`` and ``--cb_explore_adf``
+            all the items' predictions or none
         :raises ValueError: when a formatted line is not exactly one example
         :raises VowpalWabbitEngineExitedError: when the engine dies (within the
             deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError` only

@@ -70,6 +70,10 @@ class VowpalWabbitPool(PoolBase):
         (see :meth:`~subwabbit.pool_base.PoolBase.memory_usage`); a ``vw``
         executable, a model that needs vw's own driver, or ``-f`` in
         ``vw_args`` load a copy per engine
+    :param prediction_type: the kind of model, when ``vw_args`` do not show it
+        (see :doc:`model_kinds`). Predictions are typed as for the single
+        classes; a multi-line kind (``--cb_explore_adf``) makes one example of
+        each call, served whole by one engine
     :raises VowpalWabbitStartupError: when an engine cannot start (the
         others are stopped)
     """
@@ -81,17 +85,19 @@ class VowpalWabbitPool(PoolBase):
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
-                 restart_after_fork: bool = True, share_weights: bool = True) -> None:
+                 restart_after_fork: bool = True, share_weights: bool = True,
+                 prediction_type: Optional[str] = None) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                             restart_after_fork=restart_after_fork, share_weights=share_weights)
+                             restart_after_fork=restart_after_fork, share_weights=share_weights,
+                             prediction_type=prediction_type)
         group, engines = self._spawn(self.argv, self.size)
         self._groups[0] = group
         for engine in engines:
-            self._roster.add(engine, 0)
+            self._roster.add(engine, 0, self._new_channel())
 
     # ------------------------------------------------- the driver's part
 
@@ -102,7 +108,7 @@ class VowpalWabbitPool(PoolBase):
         self._cond.notify_all()
 
     def _spawn(self, argv: List[str], count: int) -> "tuple[EngineGroup, List[EngineProcess]]":
-        group = EngineGroup(argv, self.startup_timeout_s, self.share_weights)
+        group = self._new_group(argv)
         return group, group.start(count)
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
@@ -252,8 +258,7 @@ class VowpalWabbitPool(PoolBase):
             self._owner_pid = os.getpid()
             self._restart_count += 1
             generation = self._roster.generation
-            self._groups = {generation: EngineGroup(self.argv, self.startup_timeout_s,
-                                                    self.share_weights)}
+            self._groups = {generation: self._new_group(self.argv)}
         threading.Thread(target=self._start_group, args=(generation,),
                          name="subwabbit-pool-start", daemon=True).start()
 

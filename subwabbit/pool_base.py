@@ -16,7 +16,7 @@ engines in the background.
 import logging
 import os
 import time
-from typing import (Any, Callable, ContextManager, Dict, Generator, Iterable, List, NamedTuple,
+from typing import (Any, ContextManager, Dict, Generator, Iterable, List, NamedTuple,
                     Optional, Sequence, Union)
 
 from .client import ClientBase, MetricsHook
@@ -29,7 +29,6 @@ from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
-from .lines import parse_scalars
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
 from .transfer import pump
 
@@ -113,11 +112,13 @@ def check_pool_size(size: Optional[int]) -> int:
     return size
 
 
-def lanes_wanted(remaining: Optional[int], share: int, held: int) -> int:
-    """How many more engines a call should take: up to its ``share``, and
-    only while enough items are left to make another engine worth it
-    (``remaining`` is ``None`` for an iterable of unknown length)."""
-    room = share - held
+def lanes_wanted(remaining: Optional[int], share: int, held: int,
+                 most: Optional[int] = None) -> int:
+    """How many more engines a call should take: up to its ``share`` (and
+    ``most``, the engines it can use at all), and only while enough items are
+    left to make another engine worth it (``remaining`` is ``None`` for an
+    iterable of unknown length)."""
+    room = share - held if most is None else min(share, most) - held
     if room <= 0:
         return 0
     if remaining is None:
@@ -134,11 +135,12 @@ class PoolBase(ClientBase):
                         vw_command: Union[str, Sequence[str], None],
                         metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                         io_timeout_s: Optional[float], restart_after_fork: bool,
-                        share_weights: bool) -> None:
+                        share_weights: bool, prediction_type: Optional[str]) -> None:
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=False,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                        restart_on_crash=True, restart_after_fork=restart_after_fork)
+                        restart_on_crash=True, restart_after_fork=restart_after_fork,
+                        prediction_type=prediction_type)
         self.size = check_pool_size(size)
         self.write_cutoff_s = check_deadline_settings(max_pending_lines, None, None,
                                                       write_cutoff_s)
@@ -151,9 +153,6 @@ class PoolBase(ClientBase):
         #: counters since the pool was created (see :meth:`stats`)
         self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
                           "reloads": 0, "waited_for_engine": 0}
-
-    #: turns raw prediction lines into the values ``predict`` returns
-    parse_predictions: Callable[[List[bytes]], List[Any]] = staticmethod(parse_scalars)
 
     # ---------------------------------------------------------------- status
 
@@ -193,7 +192,7 @@ class PoolBase(ClientBase):
         common_part = format_common_part(self.formatter, common_features, debug_info)
         return SplitPredictExchange(
             formatter=self.formatter, common_part=common_part, common_features=common_features,
-            items=items_features, debug_info=debug_info, parse=self.parse_predictions,
+            items=items_features, debug_info=debug_info, kind=self.prediction_kind,
             batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
             deadline=deadline, write_cutoff_s=self.write_cutoff_s,
             idle_s=self.io_timeout_s if deadline is None else None)
@@ -259,7 +258,8 @@ class PoolBase(ClientBase):
         if not free:
             return None
         roster.calls += 1
-        want = lanes_wanted(self._remaining(items, exchange), roster.share(generation), 0)
+        want = lanes_wanted(self._remaining(items, exchange), roster.share(generation), 0,
+                            exchange.max_lanes)
         for slot in free[:max(1, want)]:
             roster.take(slot)
             exchange.add_lane(slot, slot.channel)
@@ -295,7 +295,7 @@ class PoolBase(ClientBase):
             exchange.retire_lane(min(lanes, key=lambda lane: lane.channel.in_flight_lines))
         elif exchange.wants_lanes and not roster.waiting and generation == roster.generation:
             want = lanes_wanted(self._remaining(items, exchange), roster.share(generation),
-                                active)
+                                active, exchange.max_lanes)
             for slot in roster.free(generation)[:want]:
                 roster.take(slot)
                 exchange.add_lane(slot, slot.channel)
@@ -337,7 +337,7 @@ class PoolBase(ClientBase):
         old_groups = list(self._groups.values())
         self._groups = {generation: group}
         for engine in engines:
-            self._roster.add(engine, generation)
+            self._roster.add(engine, generation, self._new_channel())
         self._counters["reloads"] += 1
         return self._roster.switch(generation), old_groups
 
@@ -374,6 +374,11 @@ class PoolBase(ClientBase):
         logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid, error,
                        "; starting a replacement" if replacing else "")
 
+
+    def _new_group(self, argv: List[str]) -> EngineGroup:
+        """The engines of one model, started with ``argv``."""
+        return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
+                           self._outputs_per_line, self._probe_kind)
 
     # ------------------------------------------------ what each driver supplies
 
@@ -586,7 +591,7 @@ class PoolBase(ClientBase):
                 engine.abort()
             return False
         for engine in engines:
-            self._roster.add(engine, generation)
+            self._roster.add(engine, generation, self._new_channel())
         if replacing:
             self._counters["engines_replaced"] += len(engines)
         self._changed()

@@ -19,12 +19,13 @@ from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase, 
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
-                             ProbeExchange, SendExchange, format_common_part)
+                             ProbeExchange, SendExchange, format_common_part,
+                             new_predict_exchange)
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
-from .lines import check_line, parse_scalar, parse_scalars
+from .lines import check_line, parse_scalar
 from .saving import ModelSave
 from .sync_driver import drive, run, start_engine, wait_for_file
 
@@ -127,9 +128,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     ``restart_after_fork=False``.
     """
 
-    #: turns raw prediction lines into the values ``predict`` yields
-    parse_predictions: Callable[[List[bytes]], List[Any]] = staticmethod(parse_scalars)
-
     #: the keys ``detailed_metrics`` receives from ``predict``
     _detailed_keys: Tuple[str, ...] = ()
 
@@ -145,7 +143,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                  vw_command: Union[str, Sequence[str], None],
                  metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                  io_timeout_s: Optional[float], restart_on_crash: bool,
-                 restart_after_fork: bool = True) -> None:
+                 restart_after_fork: bool = True, prediction_type: Optional[str] = None) -> None:
         self._engine: Optional[EngineProcess] = None
         self._channel: Optional[Channel] = None
         self._replacement: Optional[_Replacement] = None
@@ -154,7 +152,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._configure(formatter, vw_args, batch_size, write_only=write_only,
                         audit_mode=audit_mode, vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
-                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork)
+                        restart_on_crash=restart_on_crash, restart_after_fork=restart_after_fork,
+                        prediction_type=prediction_type)
         self._broken: Optional[BaseException] = None
         # (thread id, token) of the call holding the process, guarded by _turn
         self._holder: Optional[Tuple[int, object]] = None
@@ -166,7 +165,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None,
                       argv: Optional[List[str]] = None) -> EngineProcess:
         engine = start_engine(self.argv if argv is None else argv, self._outputs_per_line,
-                              self.startup_timeout_s, on_spawn)
+                              self.startup_timeout_s, on_spawn, self._probe_kind)
         try:
             self._after_start(engine)
         except BaseException:
@@ -176,7 +175,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     def _adopt(self, engine: EngineProcess) -> None:
         self._engine = engine
-        self._channel = Channel(self._outputs_per_line)
+        self._channel = self._new_channel()
         self._owner_pid = engine.owner_pid
 
     # ------------------------------------------------------- subclass hooks
@@ -565,10 +564,10 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 metrics["prepare_time"] = clock() - start
                 if pacing.hard_deadline:
                     metrics["before_cleanup_pending_lines"] = channel.stale_lines
-            exchange = PredictExchange(
-                channel, call, formatter=self.formatter, common_part=common_part,
-                common_features=common_features, items=items_features, debug_info=debug_info,
-                parse=self.parse_predictions, pacing=pacing, deadline=deadline,
+            exchange = new_predict_exchange(
+                channel, call, kind=self.prediction_kind, formatter=self.formatter,
+                common_part=common_part, common_features=common_features, items=items_features,
+                debug_info=debug_info, pacing=pacing, deadline=deadline,
                 idle_s=self.io_timeout_s, detailed=detailed, clock=clock,
                 timing_per_line=self._timing_per_line)
             for predictions in self._drive(engine, exchange, detailed):

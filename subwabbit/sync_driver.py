@@ -9,10 +9,12 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .core.channel import Channel
-from .core.exchanges import Exchange, ProbeExchange
+from .core.exchanges import Exchange
+from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
-from .errors import VowpalWabbitEngineExitedError, VowpalWabbitTimeoutError
-from .transfer import check_probe_result, pump
+from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
+                     VowpalWabbitTimeoutError)
+from .transfer import check_probe_result, pump, startup_probe
 
 _clock = time.perf_counter
 
@@ -50,12 +52,15 @@ def run(engine: EngineProcess, exchange: Exchange) -> List[Any]:
 
 
 def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: float,
-                 on_spawn: Optional[Callable[[EngineProcess], None]] = None) -> EngineProcess:
+                 on_spawn: Optional[Callable[[EngineProcess], None]] = None,
+                 kind: Optional[PredictionKind] = None) -> EngineProcess:
     """Spawn an engine and check that it answers (or, write-only, that it reads).
 
     :param outputs_per_line: answer lines per example (0: write-only)
     :param on_spawn: called with the engine as soon as it is spawned (so that
         another thread can kill it while it starts)
+    :param kind: the model's kind, whose shape the probe answers must have
+        (``None``: any shape, as in audit mode)
     :raises VowpalWabbitStartupError: when the engine cannot run, exits, says
         it failed, or shows no sign of life within ``startup_timeout_s`` (the
         error then comes within a few milliseconds of the timeout)
@@ -66,7 +71,7 @@ def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: floa
         on_spawn(engine)
     try:
         if outputs_per_line:
-            check_answers_probe(engine, Channel(outputs_per_line), deadline)
+            check_answers_probe(engine, outputs_per_line, deadline, kind)
         else:
             await_input_consumed(engine, deadline)
             engine.drain_stdout_in_background()
@@ -76,14 +81,22 @@ def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: floa
     return engine
 
 
-def check_answers_probe(engine: EngineProcess, channel: Channel, deadline: float) -> None:
-    """Send a probe and wait for its answer until ``deadline``."""
-    exchange = ProbeExchange(channel, channel.begin(), deadline, None)
+def check_answers_probe(engine: EngineProcess, outputs_per_line: int, deadline: float,
+                        kind: Optional[PredictionKind] = None) -> None:
+    """Send the start-up probes and wait for their answers until ``deadline``.
+
+    :raises VowpalWabbitStartupError: when the engine fails, stays silent, or
+        answers in another shape than ``kind`` prints
+    """
+    exchange = startup_probe(outputs_per_line, deadline, kind)
+    mismatch = None
     try:
         run(engine, exchange)
     except VowpalWabbitEngineExitedError as exc:
         raise engine.exited_at_startup() from exc
-    check_probe_result(engine, exchange)
+    except VowpalWabbitProtocolError as exc:
+        mismatch = exc
+    check_probe_result(engine, exchange, mismatch, kind)
 
 
 def await_input_consumed(engine: EngineProcess, deadline: float) -> None:

@@ -10,7 +10,9 @@ from typing import Any, Dict, List, Optional
 
 from .core.channel import Channel
 from .core.exchanges import ProbeExchange
+from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
+from .errors import VowpalWabbitProtocolError
 
 _clock = time.perf_counter
 
@@ -50,9 +52,32 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
     return moved
 
 
-def check_probe_result(engine: EngineProcess, exchange: ProbeExchange) -> None:
-    """Raise the start-up error a finished probe exchange calls for, if any."""
-    if exchange.timed_out:
+#: How many probes the start-up check sends: with two, an engine that prints
+#: more or fewer lines per example than the model's kind shows it at once.
+STARTUP_PROBES = 2
+
+
+def startup_probe(outputs_per_line: int, deadline: float,
+                  kind: Optional[PredictionKind]) -> ProbeExchange:
+    """The start-up check of a new engine: probes on a channel of their own,
+    whose answers must have the shape of ``kind`` (``None``: any, as in
+    audit mode)."""
+    channel = Channel(outputs_per_line)
+    return ProbeExchange(channel, channel.begin(), deadline, None, probes=STARTUP_PROBES,
+                         check=None if kind is None else kind.check_probe_answers)
+
+
+def check_probe_result(engine: EngineProcess, exchange: ProbeExchange,
+                       mismatch: Optional[VowpalWabbitProtocolError] = None,
+                       kind: Optional[PredictionKind] = None) -> None:
+    """Raise the start-up error a finished probe exchange calls for, if any.
+
+    :param mismatch: the error raised while the probes were answered (the
+        answers did not have the shape of the model's kind, or there were
+        more lines than it prints)
+    :param kind: the model's kind, for the message
+    """
+    if exchange.timed_out and mismatch is None:
         raise engine.startup_error(
             "the vw engine did not answer a probe example during start-up "
             "(is the model multi-line, or is it still loading?)", wait_for_exit=False)
@@ -61,3 +86,10 @@ def check_probe_result(engine: EngineProcess, exchange: ProbeExchange) -> None:
         # A real vw prints fatal errors as log lines on stdout, then exits.
         output = b"\n".join(answer) + b"\n" + engine.read_until_eof(_clock() + 2.0)
         raise engine.startup_error("the vw engine failed during start-up", output)
+    if mismatch is not None:
+        message = mismatch.message
+        if kind is not None and "prediction_type=" not in message:
+            message += (f"; the engine prints more lines per example than a {kind.name!r} "
+                        f"model ({kind.origin}). A model file carries its reductions: pass "
+                        "prediction_type= to say which kind of model it is")
+        raise engine.startup_error(message, b"\n".join(answer), wait_for_exit=False)

@@ -1,6 +1,8 @@
 """Shared fixtures: a real engine, a formatter, and the engine's own answers
 for the same lines read from a file (the ground truth every test compares to)."""
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -8,8 +10,12 @@ from typing import Any, List, Optional, Sequence
 
 import pytest
 
-from subwabbit import VowpalWabbitBaseFormatter
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBaseFormatter,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
 from subwabbit.command import default_engine_command
+
+#: The client classes, as ``Client`` names them.
+ALL_KINDS = ["blocking", "nonblocking", "asyncio"]
 
 
 class DictFormatter(VowpalWabbitBaseFormatter):
@@ -112,3 +118,69 @@ def open_fds() -> int:
 
 
 PYTHON = sys.executable
+
+
+class Client:
+    """One interface over the three classes, so each test runs on all of them."""
+
+    def __init__(self, kind, *args, **kwargs):
+        self.kind = kind
+        if kind == "asyncio":
+            self.loop = asyncio.new_event_loop()
+            self.model = AsyncVowpalWabbitProcess(*args, **kwargs)
+            self.loop.run_until_complete(self.model.start())
+        else:
+            cls = VowpalWabbitProcess if kind == "blocking" else VowpalWabbitNonBlockingProcess
+            self.model = cls(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        if self.kind == "asyncio":
+            return self.loop.run_until_complete(self.model.predict(*args, **kwargs))
+        return list(self.model.predict(*args, **kwargs))
+
+    def restart(self):
+        if self.kind == "asyncio":
+            return self.loop.run_until_complete(self.model.restart())
+        return self.model.restart()
+
+    def train(self, *args, **kwargs):
+        if self.kind == "asyncio":
+            return self.loop.run_until_complete(self.model.train(*args, **kwargs))
+        return self.model.train(*args, **kwargs)
+
+    def close(self):
+        if self.kind == "asyncio":
+            self.loop.run_until_complete(self.model.close())
+            self.loop.close()
+        else:
+            self.model.close()
+
+    def new_loop_after_fork(self):
+        if self.kind == "asyncio":
+            self.loop = asyncio.new_event_loop()
+
+
+def in_child(body):
+    """Run ``body()`` in a forked child; return what it printed as JSON (or its error)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            result = {"ok": body()}
+        except BaseException as exc:  # pylint: disable=broad-except
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_end, json.dumps(result).encode())
+        os.close(write_end)
+        os._exit(0)  # pylint: disable=protected-access
+    os.close(write_end)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    return json.loads(b"".join(chunks))

@@ -43,20 +43,10 @@ REJECTED_ARGS = [
     ["-r", "/proc/self/fd/1"],
     ["-rstdout"],
     ["-r=stdout"],
-    ["--cb_adf"],
-    ["--cb_explore_adf", "--epsilon", "0.1"],
-    ["--ccb_explore_adf"],
-    ["--csoaa_ldf", "m"],
-    ["--csoaa_ldf=mc"],
-    ["--wap_ldf", "m"],
-    ["--slates"],
-    ["--search", "4"],
-    ["--explore_eval"],
     ["-q", "u\0i"],
     ["-f", "/tmp/model\0.vw"],
     "-q ui --audit",
     "-p stdout",
-    "--cb_explore_adf",
 ]
 
 
@@ -71,7 +61,6 @@ def test_normalize_vw_args_rejects(args):
     (["--predictions=x"], r"must not contain '--predictions=x'"),
     (["--audit"], r"audit_mode=True"),
     (["-r", "stdout"], r"raw predictions to stdout"),
-    (["--wap_ldf", "m"], r"--wap_ldf: multi-line examples are not supported"),
     (["-q", "ui", "-f", "m\0"], r"vw_args\[3\] contains a NUL byte"),
 ])
 def test_normalize_vw_args_error_messages(args, pattern):
@@ -127,11 +116,6 @@ def test_normalize_vw_args_returns_a_new_list():
 def test_normalize_vw_args_rejects_other_types(args):
     with pytest.raises(TypeError, match="vw_args must hold strings or numbers"):
         normalize_vw_args(args)
-
-
-def test_normalize_vw_args_rejects_cbify_ldf():
-    with pytest.raises(ValueError, match="multi-line"):
-        normalize_vw_args(["--cbify_ldf"])
 
 
 # ------------------------------------------------------------------ build_argv

@@ -11,21 +11,34 @@ import random
 import pytest
 
 from subwabbit.core.channel import PROBE_LINE, Channel
-from subwabbit.core.exchanges import (CleanupExchange, Pacing, PredictExchange, ProbeExchange,
-                                      SendExchange)
+from subwabbit.core.exchanges import (CleanupExchange, MultiLinePredictExchange, Pacing,
+                                      PredictExchange, ProbeExchange, SendExchange,
+                                      new_predict_exchange)
+from subwabbit.core.kinds import choose_kind
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError, VowpalWabbitTimeoutError
 
 
 class SimulatedEngine:
     """Reads bytes like vw: answers each example line ``|x N`` with ``N`` (per
-    line ``per_line`` times), a probe with ``p``, a save command with nothing."""
+    line ``per_line`` times), a probe with ``p``, a save command and an empty
+    line with nothing. With ``multi_line``, it gathers lines until an empty
+    line and answers the example with its items' numbers joined by commas
+    (the shared line left out), then ``per_line - 1`` empty lines, as vw
+    answers ``--cb_explore_adf``."""
 
-    def __init__(self, per_line: int = 1, rng: random.Random = None) -> None:
+    def __init__(self, per_line: int = 1, rng: random.Random = None,
+                 multi_line: bool = False) -> None:
         self.per_line = per_line
         self.rng = rng or random.Random(0)
+        self.multi_line = multi_line
         self.pending_in = b""
         self.out = b""
         self.lines_seen = []
+        self.example = []
+
+    @staticmethod
+    def _answer(line: bytes) -> bytes:
+        return b"p" if line == PROBE_LINE.split(b"\n")[0] else line.split()[-1]
 
     def write(self, view: memoryview) -> int:
         take = self.rng.randint(0, len(view)) if self.rng.random() < 0.5 else len(view)
@@ -35,8 +48,17 @@ class SimulatedEngine:
             self.lines_seen.append(line)
             if line.startswith(b"save_"):
                 continue
-            answer = b"p" if line == PROBE_LINE.strip() else line.split()[-1]
-            self.out += (answer + b"\n") * self.per_line
+            if not self.multi_line:
+                if line:
+                    self.out += (self._answer(line) + b"\n") * self.per_line
+                continue
+            if line:
+                self.example.append(line)
+            elif self.example:
+                items = [item for item in self.example if not item.startswith(b"shared")]
+                self.out += (b",".join(self._answer(item) for item in items) + b"\n"
+                             + b"\n" * (self.per_line - 1))
+                self.example = []
         return take
 
     def read(self) -> bytes:
@@ -189,7 +211,7 @@ def test_write_with_releases_the_buffer_even_when_the_write_raises():
 @pytest.mark.parametrize("seed", range(40))
 def test_random_calls_abandoned_at_random_points_each_get_their_own_answers(seed):
     rng = random.Random(seed)
-    channel = Channel(outputs_per_line=rng.choice([1, 1, 3]))
+    channel = Channel(outputs_per_line=rng.choice([1, 1, 2, 3]))
     engine = SimulatedEngine(per_line=channel.outputs_per_line, rng=rng)
     next_number = 0
     for _ in range(30):
@@ -207,7 +229,11 @@ def test_random_calls_abandoned_at_random_points_each_get_their_own_answers(seed
         assert got == numbers[:len(got)]  # a prefix of its own items, in order
         if rng.random() < 0.7:
             channel.end(call)  # abandoned, timed out, finished: all the same
-    # drain: everything owed arrives and goes nowhere
+    _drain(channel, engine)
+
+
+def _drain(channel, engine):
+    """End the call in progress; everything owed arrives and goes nowhere."""
     if channel.current is not None:
         channel.end(channel.current)
     for _ in range(100000):
@@ -339,7 +365,7 @@ def test_train_probe_and_cleanup_exchanges_end_when_answered():
     while not probe.done:
         probe.step(0.0)
         pump(channel, engine)
-    assert probe.answer == [b"p"] and engine.lines_seen[-2:] == [b"save_/m|", b"|"]
+    assert probe.answer == [b"p"] and engine.lines_seen[-3:] == [b"save_/m|", b"|", b""]
     leftover = channel.begin()
     leftover.queue_lines(["|x 5"])
     channel.end(leftover)
@@ -361,3 +387,252 @@ def test_max_lateness_ends_a_soft_deadline_call_that_long_after_the_deadline():
     assert exchange.wake_at() == 1.5  # the bound, not the idle limit
     exchange.step(1.5)
     assert exchange.done and exchange.timed_out
+
+
+# ------------------------------------------------------- multi-line examples
+
+
+class ItemNumbers:
+    """A stand-in for a multi-line kind: the simulated engine answers an
+    example with its items' numbers joined by commas, then an empty line."""
+
+    multi_line = True
+
+    @staticmethod
+    def example_lines(common_part, item_parts, labels=None):
+        return ["shared " + common_part] + list(item_parts)
+
+    @staticmethod
+    def parse_example(lines, items):
+        assert len(lines) == 2 and lines[1] == b""
+        numbers = [int(part) for part in lines[0].split(b",")]
+        assert len(numbers) == items
+        return numbers
+
+
+def _example(numbers):
+    return ["shared |c"] + [f"|x {n}" for n in numbers]
+
+
+def test_a_multi_line_example_is_answered_once_and_counts_its_items_in_flight():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    engine = SimulatedEngine(per_line=2, multi_line=True, rng=random.Random(2))
+    call = channel.begin()
+    call.queue_example(_example([7, 8, 9]))
+    assert channel.in_flight_lines == 3 and call.queued_lines == 3
+    while channel.in_flight_lines:
+        pump(channel, engine)
+    assert call.take_answers() == [b"7,8,9", b""]
+    assert engine.lines_seen == [b"shared |c", b"|x 7", b"|x 8", b"|x 9", b""]
+
+
+def test_single_line_and_multi_line_queueing_do_not_mix():
+    with pytest.raises(ValueError, match="queue_example"):
+        Channel(multi_line=True).begin().queue_lines(["|x 1"])
+    with pytest.raises(ValueError, match="queue_lines"):
+        Channel().begin().queue_example(_example([1]))
+
+
+@pytest.mark.parametrize("item, message", [
+    ("", r"formatted item #1 is empty; vw reads an empty line as the end"),
+    ("\ufeff", r"formatted item #1 is empty"),
+    ("|x 1\n|x 2", r"formatted item #1 contains a line break"),
+    ("|x 1\r", r"formatted item #1 contains a line break"),
+    ("shared |x 1", r"formatted item #1 starts with 'shared'"),
+    ("save_m|", r"formatted item #1 has a tag starting with 'save'"),
+])
+def test_a_line_that_would_split_or_merge_an_example_is_refused(item, message):
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    call = channel.begin()
+    with pytest.raises(ValueError, match=message):
+        call.queue_example(["shared |c", "|x 0", item])
+    assert channel.unwritten_bytes == 0 and channel.in_flight_lines == 0
+    with pytest.raises(ValueError, match="at least one item"):
+        call.queue_example(["shared |c"])
+    with pytest.raises(ValueError, match="the shared line contains a line break"):
+        call.queue_example(["shared |c\n", "|x 0"])
+
+
+def test_a_partly_written_example_is_sent_whole_and_an_unwritten_one_is_forgotten():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    call = channel.begin()
+    call.queue_example(_example([1, 2, 3]))
+    call.queue_example(_example([4, 5]))
+    first_bytes = len(b"shared |c\n|x 1\n|x 2\n|x 3\n\n")
+    channel.write_with(lambda view: 12)  # into the first example's second line
+    channel.end(call)
+    # The first example reaches the engine whole, empty line included; the
+    # second, of which nothing was written, never does.
+    assert channel.unwritten_bytes == first_bytes - 12
+    assert channel.in_flight_lines == 3 and channel.stale_lines == 3
+    engine = SimulatedEngine(per_line=2, multi_line=True)
+    engine.write(memoryview(b"shared |c\n|x"))
+    next_call = channel.begin()
+    next_call.queue_example(_example([6]))
+    got = []
+    for _ in range(1000):
+        pump(channel, engine)
+        got += next_call.take_answers()
+        if got:
+            break
+    assert got == [b"6", b""] and channel.stale_lines == 0
+    assert engine.lines_seen.count(b"") == 2  # two examples ended, none glued to another
+
+
+def test_a_partly_written_probe_is_never_cut():
+    """The probe is two lines (a featureless line and an empty one); cut
+    after the first, a single-line engine would answer a probe nobody owes."""
+    channel = Channel()
+    call = channel.begin()
+    call.queue_probe()
+    channel.write_with(lambda view: 2)  # "|\n" written, the empty line not
+    channel.end(call)
+    assert channel.unwritten_bytes == 1 and channel.stale_lines == 1
+    channel.write_with(len)
+    channel.receive(b"0\n")
+    assert channel.in_flight_lines == 0 and channel.stale_lines == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_multi_line_calls_abandoned_at_random_points_get_all_their_items_or_none(seed):
+    rng = random.Random(seed)
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    engine = SimulatedEngine(per_line=2, rng=rng, multi_line=True)
+    next_number = 0
+    for _ in range(30):
+        call = channel.begin()
+        numbers = list(range(next_number, next_number + rng.randint(1, 30)))
+        next_number += len(numbers)
+        call.queue_example(_example(numbers))
+        got = []
+        for _ in range(rng.randint(0, 40)):
+            pump(channel, engine)
+            answers = call.take_answers()
+            if answers:
+                got += ItemNumbers.parse_example(answers, len(numbers))
+        assert got in ([], numbers)
+        if rng.random() < 0.7:
+            channel.end(call)
+    _drain(channel, engine)
+    assert engine.example == []  # no example left open in the engine
+
+
+def _predict_example(channel, items, pacing, deadline=None, now=0.0):
+    return MultiLinePredictExchange(
+        channel, channel.begin(), kind=ItemNumbers(), formatter=NumberFormatter(),
+        common_part="|c", common_features=None, items=items, debug_info=None, pacing=pacing,
+        deadline=deadline, idle_s=None)
+
+
+def test_multi_line_predict_formats_in_batches_then_sends_one_example():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    exchange = _predict_example(channel, range(25), Pacing(batch_size=10, max_in_flight_lines=5))
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 0 and exchange.wake_at() == 0.0  # more to format: at once
+    exchange.step(0.1)
+    exchange.step(0.2)  # the last items: the example is queued, whatever the room
+    assert channel.in_flight_lines == 25 and exchange.producing is False
+    assert exchange.wake_at() is None
+    channel.write_with(len)
+    channel.receive(b",".join(b"%d" % n for n in range(25)) + b"\n\n")
+    assert exchange.step(0.3) == list(range(25))
+    assert exchange.done and exchange.returned == 25
+
+
+def test_multi_line_predict_waits_for_room_behind_leftovers():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    old = channel.begin()
+    old.queue_example(_example([1, 2, 3]))
+    channel.write_with(len)
+    channel.end(old)
+    exchange = _predict_example(channel, range(10, 14), Pacing(batch_size=10,
+                                                               max_in_flight_lines=5))
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 3  # 3 + 4 > 5: not queued yet
+    channel.receive(b"1,2,3\n\n")
+    assert exchange.step(0.1) == [] and channel.in_flight_lines == 4
+    assert exchange.cleared_at == 0.1
+
+
+def _with_cutoff(items):
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    exchange = _predict_example(channel, items, Pacing(batch_size=10, max_in_flight_lines=50,
+                                                       write_cutoff_s=0.5), deadline=1.0)
+    exchange.step(0.0)
+    return channel, exchange
+
+
+def test_multi_line_predict_gives_nothing_when_the_cutoff_comes_first():
+    channel, exchange = _with_cutoff(range(30))
+    exchange.step(0.6)  # past the cut-off while formatting: nothing is sent
+    assert exchange.done and channel.unwritten_bytes == 0 and channel.in_flight_lines == 0
+    assert exchange.returned == 0
+
+
+def test_multi_line_predict_at_the_cutoff_forgets_an_unwritten_example_and_keeps_a_written_one():
+    channel, exchange = _with_cutoff(range(5))
+    assert channel.in_flight_lines == 5
+    exchange.step(0.6)  # nothing written yet: forgotten, the call is over
+    assert exchange.done and channel.unwritten_bytes == 0 and channel.in_flight_lines == 0
+    channel, exchange = _with_cutoff(range(5))
+    channel.write_with(lambda view: 3)
+    exchange.step(0.6)
+    assert not exchange.done and channel.in_flight_lines == 5  # sent whole, awaited
+    exchange.step(1.0)
+    assert exchange.done and exchange.timed_out
+    exchange.end()
+    assert channel.stale_lines == 5
+
+
+def test_soft_deadline_multi_line_predict_waits_for_an_example_sent_in_time():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    exchange = _predict_example(channel, range(3), Pacing(batch_size=10, max_in_flight_lines=50,
+                                                          hard_deadline=False), deadline=1.0)
+    exchange.step(0.0)
+    channel.write_with(len)
+    assert exchange.step(2.0) == [] and not exchange.done
+    channel.receive(b"0,1,2\n\n")
+    assert exchange.step(3.0) == [0, 1, 2] and exchange.done and not exchange.timed_out
+
+
+def test_new_predict_exchange_follows_the_kind():
+    channel = Channel(outputs_per_line=2, multi_line=True)
+    kwargs = dict(formatter=NumberFormatter(), common_part="|c", common_features=None,
+                  items=range(3), debug_info=None, pacing=Pacing(batch_size=10,
+                                                                  max_in_flight_lines=10),
+                  deadline=None, idle_s=None)
+    assert isinstance(new_predict_exchange(channel, channel.begin(),
+                                           kind=choose_kind(["--cb_explore_adf"]), **kwargs),
+                      MultiLinePredictExchange)
+    single = Channel(outputs_per_line=2)
+    exchange = new_predict_exchange(single, single.begin(), kind=choose_kind(["--cb", "3"]),
+                                    **kwargs)
+    assert not isinstance(exchange, MultiLinePredictExchange)
+    exchange.step(0.0)
+    single.write_with(len)
+    single.receive(b"0\n\n2\n\n1\n\n")
+    assert exchange.step(0.0) == [1, 3, 2]  # vw 9 counts --cb actions from 0
+
+
+def test_start_up_probes_are_checked_as_their_answers_arrive():
+    channel = Channel(outputs_per_line=1)
+    exchange = ProbeExchange(channel, channel.begin(), None, None, probes=2,
+                             check=choose_kind([]).check_probe_answers)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 2
+    channel.write_with(len)
+    channel.receive(b"0\n")
+    exchange.step(0.0)
+    with pytest.raises(VowpalWabbitProtocolError, match="prediction_type="):
+        channel.receive(b"\n")  # a --cb model's empty line, where a number is due
+        exchange.step(0.0)
+
+
+def test_an_example_answered_by_one_line_settles_all_its_items():
+    channel = Channel(outputs_per_line=1, multi_line=True)
+    call = channel.begin()
+    call.queue_example(_example([1, 2, 3]))
+    channel.write_with(len)
+    channel.receive(b"1,2,3\n")
+    assert channel.in_flight_lines == 0 and call.owed_lines == 0
+    assert call.take_answers() == [b"1,2,3"]

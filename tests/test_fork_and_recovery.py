@@ -9,7 +9,6 @@ a call with a deadline late.
 """
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -18,87 +17,20 @@ import time
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
+from subwabbit import (VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
-                      scoring_args)
+from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process,
+                      expected_scalars, format_lines, in_child, scoring_args)
 
 SYNC_CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 SYNC_IDS = ["blocking", "nonblocking"]
-ALL_KINDS = ["blocking", "nonblocking", "asyncio"]
 
 
 def items(count, start=0):
     return [{"id": (start + index) % 50} for index in range(count)]
-
-
-class Client:
-    """One interface over the three classes, so each test runs on all of them."""
-
-    def __init__(self, kind, *args, **kwargs):
-        self.kind = kind
-        if kind == "asyncio":
-            self.loop = asyncio.new_event_loop()
-            self.model = AsyncVowpalWabbitProcess(*args, **kwargs)
-            self.loop.run_until_complete(self.model.start())
-        else:
-            cls = VowpalWabbitProcess if kind == "blocking" else VowpalWabbitNonBlockingProcess
-            self.model = cls(*args, **kwargs)
-
-    def predict(self, *args, **kwargs):
-        if self.kind == "asyncio":
-            return self.loop.run_until_complete(self.model.predict(*args, **kwargs))
-        return list(self.model.predict(*args, **kwargs))
-
-    def restart(self):
-        if self.kind == "asyncio":
-            return self.loop.run_until_complete(self.model.restart())
-        return self.model.restart()
-
-    def train(self, *args, **kwargs):
-        if self.kind == "asyncio":
-            return self.loop.run_until_complete(self.model.train(*args, **kwargs))
-        return self.model.train(*args, **kwargs)
-
-    def close(self):
-        if self.kind == "asyncio":
-            self.loop.run_until_complete(self.model.close())
-            self.loop.close()
-        else:
-            self.model.close()
-
-    def new_loop_after_fork(self):
-        if self.kind == "asyncio":
-            self.loop = asyncio.new_event_loop()
-
-
-def _in_child(body):
-    """Run ``body()`` in a forked child; return what it printed as JSON (or its error)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        os.close(read_end)
-        try:
-            result = {"ok": body()}
-        except BaseException as exc:  # pylint: disable=broad-except
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        os.write(write_end, json.dumps(result).encode())
-        os.close(write_end)
-        os._exit(0)  # pylint: disable=protected-access
-    os.close(write_end)
-    chunks = []
-    while True:
-        chunk = os.read(read_end, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    return json.loads(b"".join(chunks))
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -123,7 +55,7 @@ def test_after_fork_the_child_starts_its_own_engine_and_both_stay_exact(kind, tr
             return {"predictions": got, "engine": client.model.pid,
                     "parent_engine_alive": os.path.exists(f"/proc/{parent_engine}")}
 
-        outcome = _in_child(child)
+        outcome = in_child(child)
         assert "error" not in outcome, outcome
         result = outcome["ok"]
         assert result["engine"] != parent_engine
@@ -145,7 +77,7 @@ def test_restart_after_fork_false_raises_a_clear_error_in_the_child(kind, traine
             client.new_loop_after_fork()
             client.predict({"user": 1}, items(3))
 
-        outcome = _in_child(child)
+        outcome = in_child(child)
         assert "VowpalWabbitError" in outcome["error"] and "fork" in outcome["error"]
         assert len(client.predict({"user": 1}, items(3))) == 3
     finally:

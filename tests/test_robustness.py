@@ -247,6 +247,8 @@ STUBBORN_ENGINE = textwrap.dedent("""
     import signal, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for line in sys.stdin:
+        if line == "\\n":
+            continue  # vw answers nothing to an empty line
         sys.stdout.write("0\\n")
         sys.stdout.flush()
     while True:  # input closed: a well-behaved engine would exit now

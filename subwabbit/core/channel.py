@@ -1,19 +1,26 @@
 """One engine's input and output streams, and whose each answer is.
 
-The engine answers every example line with a fixed number of output lines
-(1, or 3 in audit mode; none for a write-only engine), in the order the lines
-were written. A :class:`Channel` therefore keeps, in input order, a queue of
-*segments*: runs of lines queued together by one call, with the byte range
-they occupy in the input stream and the number of output lines still owed.
-Each output line the engine prints goes to the oldest segment still owed one:
+The engine answers every example with a fixed number of output lines, set by
+the kind of model (:mod:`subwabbit.core.kinds`): 1 for a scalar or a class
+label, 2 for the contextual-bandit kinds (the answer, then an empty line), 3
+in audit mode, none for a write-only engine; it answers in the order the
+examples were written. An example is one line, or, for the multi-line kinds
+(``--cb_adf``, ``--cb_explore_adf``), a shared line, one line per item and an
+empty line that ends it. A :class:`Channel` therefore keeps, in input order, a
+queue of *segments*: runs of examples queued together by one call, with the
+byte range they occupy in the input stream and the number of output lines
+still owed. Each output line the engine prints goes to the oldest segment
+still owed one:
 
 * the segment of the call in progress: the line is that call's answer;
 * the segment of a call that has ended (finished early, timed out, was
   abandoned or cancelled): the line is read and thrown away.
 
-When a call ends, its lines that have not reached the engine at all are
-forgotten (never written, so never answered); a line that is partly written
-is completed, since the engine would otherwise read it glued to the next one.
+When a call ends, its examples that have not reached the engine at all are
+forgotten (never written, so never answered); an example that is partly
+written is completed, since the engine would otherwise read it glued to the
+next one (a single-line example is completed to its newline, a multi-line
+example to the empty line that ends it).
 Nothing here does I/O: :meth:`Channel.write_with` hands the bytes to a
 function of the driver, :meth:`Channel.receive` takes what the driver read.
 """
@@ -22,12 +29,15 @@ import collections
 from typing import Callable, Deque, List, Optional
 
 from ..errors import VowpalWabbitError, VowpalWabbitProtocolError
-from ..lines import encode_lines
+from ..lines import encode_example, encode_lines
 
-#: A featureless, unlabelled example: it produces exactly one prediction and
-#: teaches the model nothing. Used to see that the engine is alive and to
-#: mark a point in the output stream (after a save, say).
-PROBE_LINE = b"|\n"
+#: A featureless, unlabelled example and an empty line: it produces exactly
+#: one answer and teaches the model nothing, whether the engine reads
+#: single-line examples (the empty line gets no answer) or multi-line ones
+#: (the empty line ends an example of one featureless item). Used to see that
+#: the engine is alive and to mark a point in the output stream (after a
+#: save, say).
+PROBE_LINE = b"|\n\n"
 
 #: Kinds of segments.
 EXAMPLES = "examples"
@@ -39,18 +49,32 @@ _COMPACT_BYTES = 1 << 16
 
 
 class _Segment:
-    """Lines queued together by one call."""
+    """Examples queued together by one call.
 
-    __slots__ = ("call", "kind", "lines", "owed", "start", "end")
+    A segment is either a run of single-line examples (each line is answered
+    on its own, and the run may be cut between lines) or one *whole* example
+    that must reach the engine entire (a multi-line example, a probe).
+    """
+
+    __slots__ = ("call", "kind", "lines", "owed", "start", "end", "whole")
 
     def __init__(self, call: Optional["Call"], kind: str, lines: int, owed: int, start: int,
-                 end: int) -> None:
+                 end: int, whole: bool) -> None:
         self.call = call      # None once the call has ended: its answers are discarded
         self.kind = kind
-        self.lines = lines    # example lines in the segment (what pacing counts)
+        self.lines = lines    # example lines (items) in the segment: what pacing counts
         self.owed = owed      # output lines the engine still owes for it
         self.start = start    # stream positions of its bytes in the engine's input
         self.end = end
+        self.whole = whole    # one example: never cut, answered all at once
+
+    def examples_owed(self, per_example: int) -> int:
+        """Lines (items) of the examples not yet fully answered."""
+        if not self.owed:
+            return 0
+        if self.whole:
+            return self.lines
+        return -(-self.owed // max(1, per_example))
 
 
 class Call:
@@ -92,23 +116,50 @@ class Call:
             raise VowpalWabbitError("this call has ended")
 
     def queue_lines(self, lines: List[str]) -> int:
-        """Check and encode formatted examples and queue them for the engine.
+        """Check and encode formatted single-line examples and queue them for the engine.
 
         :param lines: formatted examples without newlines
         :returns: how many lines were queued
-        :raises ValueError: when a line is not exactly one example (nothing is queued)
+        :raises ValueError: when a line is not exactly one example (nothing is
+            queued), or the channel reads multi-line examples
         """
         self.check_active()
+        if self.channel.multi_line:
+            raise ValueError("this engine reads multi-line examples: queue them with "
+                             "queue_example()")
         data = encode_lines(lines, self.queued_lines)
         if data:
             self.channel._queue(self, EXAMPLES, data, len(lines))
             self.queued_lines += len(lines)
         return len(lines)
 
+    def queue_example(self, lines: List[str]) -> None:
+        """Queue one multi-line example: its lines, then the empty line that ends it.
+
+        The example reaches the engine whole or not at all, and is answered
+        once (:attr:`Channel.outputs_per_line` output lines). Its item lines
+        are what pacing counts as its lines in flight.
+
+        :param lines: the example's lines without newlines: its shared line,
+            then one line per item (see
+            :meth:`PredictionKind.example_lines <subwabbit.core.kinds.PredictionKind.example_lines>`)
+        :raises ValueError: when the channel reads single-line examples, or a
+            line would split the example or end it early (see
+            :func:`~subwabbit.lines.encode_example`; nothing is queued)
+        """
+        self.check_active()
+        if not self.channel.multi_line:
+            raise ValueError("this engine reads single-line examples: queue them with "
+                             "queue_lines()")
+        data = encode_example(lines)
+        items = len(lines) - 1
+        self.channel._queue(self, EXAMPLES, data, items, whole=True)
+        self.queued_lines += items
+
     def queue_probe(self) -> None:
         """Queue :data:`PROBE_LINE`; its answer goes to :attr:`probe_answers`."""
         self.check_active()
-        self.channel._queue(self, PROBE, PROBE_LINE, 1)
+        self.channel._queue(self, PROBE, PROBE_LINE, 1, whole=True)
 
     def queue_control(self, data: bytes) -> None:
         """Queue a line the engine answers with nothing (its save command).
@@ -136,14 +187,19 @@ class Call:
 class Channel:
     """The input and output streams of one engine, and who is owed each answer.
 
-    :param outputs_per_line: output lines the engine prints per example line:
-        1, 3 in audit mode, 0 for a write-only engine (which prints nothing)
+    :param outputs_per_line: output lines the engine prints per example:
+        1, 2 for the contextual-bandit kinds, 3 in audit mode, 0 for a
+        write-only engine (which prints nothing); see
+        :attr:`PredictionKind.answer_lines <subwabbit.core.kinds.PredictionKind.answer_lines>`
+    :param multi_line: whether an example is several lines ended by an empty
+        line (:meth:`Call.queue_example`) instead of one line (:meth:`Call.queue_lines`)
     """
 
-    def __init__(self, outputs_per_line: int = 1) -> None:
+    def __init__(self, outputs_per_line: int = 1, multi_line: bool = False) -> None:
         if outputs_per_line < 0:
             raise ValueError("outputs_per_line must not be negative")
         self.outputs_per_line = outputs_per_line
+        self.multi_line = multi_line
         self._out = bytearray()   # bytes queued and not yet cut off after writing
         self._out_off = 0         # index in _out of the first byte not written
         self._out_base = 0        # stream position of _out[0]
@@ -189,21 +245,22 @@ class Channel:
         for segment in self._segments:
             if segment.call is call:
                 segment.call = None
-                if segment.owed:
-                    self.stale_lines += -(-segment.owed // max(1, self.outputs_per_line))
+                self.stale_lines += segment.examples_owed(self.outputs_per_line)
         call.owed_lines = 0
         call.answers = []
 
     def forget_unwritten(self, call: Call) -> None:
-        """Forget the lines at the end of the input that ``call`` queued and
-        no byte of which has been written (a partly written line is kept
-        whole): they will never reach the engine, so nothing is owed for them."""
+        """Forget the examples at the end of the input that ``call`` queued
+        and no byte of which has been written (a partly written example is
+        kept whole): they will never reach the engine, so nothing is owed for them."""
         written = self._out_base + self._out_off
         segments = self._segments
         per_line = self.outputs_per_line
         while segments and segments[-1].call is call and segments[-1].end > written:
             segment = segments[-1]
             partly_written = segment.start < written
+            if partly_written and segment.whole:
+                break  # the engine gets all of it
             if not partly_written:
                 cut = segment.start
                 dropped = segment.lines
@@ -220,7 +277,7 @@ class Channel:
                 segment.end = cut
                 segment.lines -= dropped
             if segment.kind != CONTROL and per_line:
-                segment.owed -= dropped * per_line
+                segment.owed -= per_line if segment.whole else dropped * per_line
                 self.in_flight_lines -= dropped
                 call.owed_lines -= dropped
             if segment.kind == EXAMPLES:
@@ -230,12 +287,12 @@ class Channel:
                 break
         self._pop_settled()
 
-    def _queue(self, call: Call, kind: str, data: bytes, lines: int) -> None:
+    def _queue(self, call: Call, kind: str, data: bytes, lines: int, whole: bool = False) -> None:
         start = self._out_base + len(self._out)
         self._out += data
         per_line = self.outputs_per_line
-        owed = 0 if kind == CONTROL else lines * per_line
-        self._segments.append(_Segment(call, kind, lines, owed, start, start + len(data)))
+        owed = 0 if kind == CONTROL else per_line if whole else lines * per_line
+        self._segments.append(_Segment(call, kind, lines, owed, start, start + len(data), whole))
         if owed:
             self.in_flight_lines += lines
             call.owed_lines += lines
@@ -325,12 +382,12 @@ class Channel:
                     f"the vw engine printed {lines[index][:200]!r} where no answer was expected")
             take = min(segment.owed, count - index)
             owner = segment.call
-            owed_before = segment.owed
+            owed_before = segment.examples_owed(per_line)
             segment.owed -= take
-            if per_line == 1:
+            if per_line == 1 and not segment.whole:
                 answered = take
             else:  # an example counts as answered with its last output line
-                answered = (-(-owed_before // per_line)) - (-(-segment.owed // per_line))
+                answered = owed_before - segment.examples_owed(per_line)
             self.in_flight_lines -= answered
             if owner is None:
                 self.stale_lines -= answered

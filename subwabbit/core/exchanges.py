@@ -230,6 +230,13 @@ class PredictExchange(Exchange):
         return predictions
 
     def _produce(self, want: int) -> None:
+        parts = self._format(want)
+        if parts:
+            self.call.queue_lines(self._join(parts, self.call.queued_lines))
+
+    def _format(self, want: int) -> List[Any]:
+        """Format up to ``want`` more items (fewer when they run out: then
+        :attr:`producing` turns false), timing it for ``detailed_metrics``."""
         began = self._clock() if self._detailed is not None and self._clock else 0.0
         format_item = self._format_item
         common, debug_info = self._common_features, self._debug_info
@@ -237,8 +244,6 @@ class PredictExchange(Exchange):
                  for item in itertools.islice(self._items, want)]
         if len(parts) < want:
             self.producing = False
-        if parts:
-            self.call.queue_lines(self._join(parts, self.call.queued_lines))
         if self._detailed is not None and self._clock:
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
@@ -250,9 +255,96 @@ class PredictExchange(Exchange):
                                for index in range(len(parts)))
             else:
                 entries.append((end, end - began))
+        return parts
 
     def _finished(self) -> bool:
         return not self.producing and self.call.owed_lines == 0
+
+
+class MultiLinePredictExchange(PredictExchange):
+    """``predict`` on a multi-line kind (``--cb_adf``, ``--cb_explore_adf``):
+    the call's items make one example, so the call gives a prediction for
+    every item or none.
+
+    Items are formatted ``batch_size`` at a time (a step each, so that an
+    event loop gets turns); the example is queued once all are formatted,
+    when the lines in flight leave room for it (or none are), and only
+    before the write cut-off (hard deadline) or the deadline (soft): a call
+    whose deadline comes first sends nothing and gives ``[]``. With a hard
+    deadline, an example still unwritten at the cut-off is not sent; one
+    partly written is sent whole, and its answer discarded if it comes after
+    the deadline. Arguments as :class:`PredictExchange`, and:
+
+    :param kind: the :class:`~subwabbit.core.kinds.PredictionKind` (its
+        ``example_lines`` and ``parse_example``)
+    """
+
+    def __init__(self, channel: Channel, call: Call, *, kind: Any, **kwargs: Any) -> None:
+        super().__init__(channel, call, parse=_no_parse, **kwargs)
+        self._kind = kind
+        self._common_part: str = kwargs["common_part"]
+        self._parts: List[str] = []
+        self._formatting = True   # items remain to be formatted
+        self._waiting = False     # formatted, waiting for room to queue the example
+        self._stopped = False
+        self._items_queued = 0
+        self._now: Optional[float] = None
+
+    def _advance(self, now: float) -> List[Any]:
+        self._now = now
+        channel, call = self.channel, self.call
+        if self.cleared_at is None and not channel.stale_lines:
+            self.cleared_at = now
+        stop_at = self._stop_producing_at
+        if not self._stopped and stop_at is not None and now >= stop_at:
+            self._stopped = True
+            self._formatting = self._waiting = False
+            self._parts = []
+            if self.pacing.hard_deadline:
+                channel.forget_unwritten(call)
+        if self._formatting:
+            self._parts += self._format(self.pacing.batch_size)
+            if not self.producing:  # the items ran out
+                self._formatting = False
+                self._waiting = bool(self._parts)
+        if self._waiting:
+            count = len(self._parts)
+            in_flight = channel.in_flight_lines
+            if not in_flight or in_flight + count <= self.pacing.max_in_flight_lines:
+                check_item_parts(self._parts)
+                call.queue_example(self._kind.example_lines(self._common_part, self._parts))
+                self._items_queued = count
+                self._waiting = False
+                self._parts = []
+        self.producing = self._formatting or self._waiting
+        answers = call.take_answers()
+        if not answers:
+            return []
+        predictions = self._kind.parse_example(answers, self._items_queued)
+        self.returned += len(predictions)
+        return predictions
+
+    def wake_at(self) -> Optional[float]:
+        if self._formatting and self._now is not None:
+            return self._now  # more items to format: step again at once
+        return super().wake_at()
+
+
+def _no_parse(lines: List[bytes]) -> List[Any]:
+    raise AssertionError("multi-line answers are parsed by the kind")
+
+
+def new_predict_exchange(channel: Channel, call: Call, *, kind: Any,
+                         **kwargs: Any) -> PredictExchange:
+    """The ``predict`` exchange for a kind of model: a :class:`PredictExchange`
+    (one line per item) or a :class:`MultiLinePredictExchange` (one example
+    per call). Keyword arguments as :class:`PredictExchange`, without ``parse``.
+
+    :param kind: the client's :class:`~subwabbit.core.kinds.PredictionKind`
+    """
+    if kind.multi_line:
+        return MultiLinePredictExchange(channel, call, kind=kind, **kwargs)
+    return PredictExchange(channel, call, parse=kind.parse_answers, **kwargs)
 
 
 def _line_joiner(formatter: Any, common_part: str,
@@ -304,7 +396,8 @@ class SendExchange(Exchange):
     """Send prepared lines and wait until the engine has answered them all
     (answers discarded: ``train``), or, write-only, until they are written.
 
-    :param lines: formatted and checked examples
+    :param lines: formatted and checked examples; on a multi-line channel,
+        the lines of one example (its shared line first)
     """
 
     doing = "waiting for it to learn"
@@ -316,36 +409,50 @@ class SendExchange(Exchange):
 
     def _advance(self, now: float) -> List[Any]:
         if self._lines is not None:
-            self.call.queue_lines(self._lines)
+            if self.channel.multi_line:
+                self.call.queue_example(self._lines)
+            else:
+                self.call.queue_lines(self._lines)
             self._lines = None
         return []
 
 
 class ProbeExchange(Exchange):
-    """Send one probe example (after an optional control line, such as a
-    save command) and wait for its answer.
+    """Send probe examples (after an optional control line, such as a
+    save command) and wait for their answers.
 
     :param control: a control line to send before the probe, or ``None``
     :param deadline: give up at this time (hard)
+    :param probe: whether to send a probe at all (a write-only engine answers none)
+    :param probes: how many probes to send (start-up sends two, so that an
+        engine printing more or fewer lines per example than expected shows it)
+    :param check: called with the probe answer lines received so far, at
+        every step; raises when they are not what the model's kind prints
+        (:meth:`PredictionKind.check_probe_answers
+        <subwabbit.core.kinds.PredictionKind.check_probe_answers>`)
     """
 
     doing = "waiting for the answer to a probe"
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
                  idle_s: Optional[float], control: Optional[bytes] = None,
-                 probe: bool = True) -> None:
+                 probe: bool = True, probes: int = 1,
+                 check: Optional[Callable[[List[bytes]], None]] = None) -> None:
         super().__init__(channel, call, deadline, idle_s, hard_deadline=True)
         self._control = control
-        self._probe = probe
+        self._probes = probes if probe else 0
+        self._check = check
         self._queued = False
 
     def _advance(self, now: float) -> List[Any]:
         if not self._queued:
             if self._control is not None:
                 self.call.queue_control(self._control)
-            if self._probe:
+            for _ in range(self._probes):
                 self.call.queue_probe()
             self._queued = True
+        if self._check is not None and self.call.probe_answers:
+            self._check(self.call.probe_answers)
         return []
 
     @property

@@ -79,10 +79,14 @@ class Roster:
 
     # -------------------------------------------------------------- engines
 
-    def add(self, engine: Any, generation: int, outputs_per_line: int = 1) -> Slot:
-        """Put an engine in service for ``generation``."""
+    def add(self, engine: Any, generation: int, channel: Optional[Channel] = None) -> Slot:
+        """Put an engine in service for ``generation``.
+
+        :param channel: its channel (default: one for single-line scalar answers)
+        """
         self._numbers += 1
-        slot = Slot(engine, Channel(outputs_per_line), generation, self._numbers)
+        slot = Slot(engine, Channel(1) if channel is None else channel, generation,
+                    self._numbers)
         self.slots.append(slot)
         self.version += 1
         return slot

@@ -28,7 +28,7 @@ from typing import Any, Deque, Hashable, Iterable, List, Optional
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
-from .exchanges import Parser, _line_joiner
+from .exchanges import Parser, _line_joiner, check_item_parts
 
 
 class _Batch:
@@ -96,10 +96,22 @@ class SplitPredictExchange:
     """
 
     def __init__(self, *, formatter: Any, common_part: str, common_features: Any,
-                 items: Iterable[Any], debug_info: Any, parse: Parser, batch_size: int,
-                 max_in_flight_lines: int, deadline: Optional[float],
-                 write_cutoff_s: float = 0.0, idle_s: Optional[float] = None) -> None:
+                 items: Iterable[Any], debug_info: Any, parse: Optional[Parser] = None,
+                 batch_size: int, max_in_flight_lines: int, deadline: Optional[float],
+                 write_cutoff_s: float = 0.0, idle_s: Optional[float] = None,
+                 kind: Any = None) -> None:
+        if parse is None:
+            if kind is None:
+                raise TypeError("SplitPredictExchange needs parse= or kind=")
+            parse = kind.parse_answers
         self.parse = parse
+        #: for a multi-line kind the items make one example: one batch, one lane
+        self._example_kind = kind if kind is not None and kind.multi_line else None
+        self._common_part = common_part
+        self._parts: List[str] = []
+        #: the most engines the call can use (``None``: any number)
+        self.max_lanes: Optional[int] = 1 if self._example_kind is not None else None
+        self._now = 0.0
         self.batch_size = batch_size
         self.max_in_flight_lines = max(max_in_flight_lines, batch_size)
         self.deadline = deadline
@@ -195,6 +207,7 @@ class SplitPredictExchange:
         """
         if self.done:
             return []
+        self._now = now
         if self.dealing:
             if self._stop_dealing_at is not None and now >= self._stop_dealing_at:
                 self._stop_dealing()
@@ -224,11 +237,35 @@ class SplitPredictExchange:
                 del self._redeal[0]
                 self._give(lane, batch, batch.lines[len(batch.values):])
                 continue
+            if self._example_kind is not None:
+                self._format_example(batch_size)
+                return
             if room < batch_size:
                 return
             batch = self._format(batch_size)
             if batch is None:
                 return
+            self._give(lane, batch, batch.lines)
+
+    def _format_example(self, want: int) -> None:
+        """A multi-line kind: format ``want`` more items (one step's share, so
+        that an event loop gets turns); when they have all been formatted, the
+        example is one batch, queued whole on one lane."""
+        format_item = self._format_item
+        common, debug_info = self._common_features, self._debug_info
+        parts = [format_item(common, item, debug_info=debug_info)
+                 for item in itertools.islice(self._items, want)]
+        check_item_parts(parts, len(self._parts))
+        self._parts += parts
+        if len(parts) == want:
+            return
+        self._items_left = False
+        if self._parts:
+            batch = _Batch(0, self._parts)
+            self._parts = []
+            self.formatted = len(batch.lines)
+            self._order.append(batch)
+            lane = min((lane for lane in self.lanes if not lane.retiring), key=_in_flight)
             self._give(lane, batch, batch.lines)
 
     def _format(self, want: int) -> Optional[_Batch]:
@@ -246,7 +283,10 @@ class SplitPredictExchange:
         return batch
 
     def _give(self, lane: Lane, batch: _Batch, lines: List[str]) -> None:
-        lane.call.queue_lines(lines)
+        if self._example_kind is not None:
+            lane.call.queue_example(self._example_kind.example_lines(self._common_part, lines))
+        else:
+            lane.call.queue_lines(lines)
         lane.dealt_lines += len(lines)
         batch.lane = lane
         lane.batches.append(batch)
@@ -280,7 +320,10 @@ class SplitPredictExchange:
     def _collect_lane(self, lane: Lane) -> None:
         answers = lane.call.take_answers()
         if answers:
-            values = self.parse(answers)
+            if self._example_kind is not None:
+                values = self._example_kind.parse_example(answers, len(lane.batches[0].lines))
+            else:
+                values = self.parse(answers)
             offset = 0
             while offset < len(values):
                 batch = lane.batches[0]
@@ -336,6 +379,8 @@ class SplitPredictExchange:
 
     def wake_at(self) -> Optional[float]:
         """When :meth:`step` must run again even if the pipes stay quiet."""
+        if self._example_kind is not None and self._items_left and not self._cut_off:
+            return self._now  # more items of the example to format: step again at once
         wake = self.end_at
         if self._stop_dealing_at is not None and self.dealing:
             wake = self._stop_dealing_at

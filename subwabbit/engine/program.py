@@ -70,6 +70,9 @@ _VW_DRIVER_OPTIONS = frozenset({
     "--oaa", "--ect", "--csoaa", "--wap", "--log_multi", "--recall_tree", "--plt", "--top_k",
     "--multilabel_oaa", "--probabilities", "--cb", "--cb_explore", "--cbify", "--lda",
     "--stage_poly", "--bootstrap", "--boosting", "--confidence", "--active", "--marginal",
+    # Reductions with multi-line examples, which the loop does not read.
+    "--cb_adf", "--cb_explore_adf", "--ccb_explore_adf", "--slates", "--csoaa_ldf",
+    "--wap_ldf", "--explore_eval",
 })
 
 #: Learners (as listed by ``get_enabled_learners``) whose predictions vw

@@ -1,0 +1,841 @@
+"""Kinds of models: what the engine prints for an example, and what it reads as a label.
+
+A vw model's *kind* follows from its reductions. Each kind is one object
+that every client (and a pool of engines) uses the same way:
+
+* how an example is laid out: one line per item, or (:attr:`PredictionKind.multi_line`)
+  one example per call made of a ``shared`` line, one line per item and an
+  empty line;
+* how many output lines the engine prints per example
+  (:attr:`PredictionKind.answer_lines`), which the
+  :class:`~subwabbit.core.channel.Channel` counts;
+* how those lines become the typed predictions ``predict`` gives, in item
+  order (:meth:`PredictionKind.parse_answers`, :meth:`PredictionKind.parse_example`);
+* how a training label is checked and written (:meth:`PredictionKind.check_labels`).
+
+:func:`choose_kind` picks the kind from the engine arguments, or from an
+explicit ``prediction_type`` (a model file loaded with ``-i`` carries its
+reductions, which the arguments then do not show). Output formats were
+measured on vw 9.x (both vw's own driver and the wheel's engine):
+
+============================ ======================================= ==============
+reduction                    one example's output                    kind
+============================ ======================================= ==============
+(none), ``--binary``, ...    ``0.703793``                            ``scalar``
+``--oaa 3`` (``--ect``, ...) ``2``                                   ``multiclass``
+``--csoaa 3``                ``2``                                   ``cost_sensitive``
+``--oaa 3 --probabilities``  ``1:0.49 2:0.22 3:0.28``                ``class_probabilities``
+``--multilabel_oaa 3``       ``0,2`` and a space (a space for none)  ``multilabel``
+``--plt 10 --top_k 2``       ``4,0`` and a space                     ``multilabel``
+``--cb 3``                   ``1`` then an empty line (0-based)      ``cb``
+``--cb_explore 3``           ``1:0.97,0:0.02,2:0.01`` then empty     ``cb_explore``
+``--cb_adf --rank_all``      ``1:0.38,0:0.57`` then empty            ``cb_adf``
+``--cb_explore_adf``         ``1:0.975,0:0.025`` then empty          ``cb_explore_adf``
+============================ ======================================= ==============
+
+A tag on the example (the shared line's, for the multi-line kinds) is
+printed after a space, and ignored here. Nothing in this module does I/O.
+"""
+
+import math
+import numbers
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..base import _format_number as _number_text  # a number as vw reads it
+from ..engine.program import option_name
+from ..errors import VowpalWabbitProtocolError
+from ..lines import parse_labels, parse_scalar, parse_scalars
+
+#: ``prediction_type`` values, each naming a kind.
+SCALAR = "scalar"
+MULTICLASS = "multiclass"
+COST_SENSITIVE = "cost_sensitive"
+CLASS_PROBABILITIES = "class_probabilities"
+CLASS_SCORES = "class_scores"
+MULTILABEL = "multilabel"
+LABEL_STRINGS = "label_strings"
+CB = "cb"
+CB_EXPLORE = "cb_explore"
+CB_ADF = "cb_adf"
+CB_EXPLORE_ADF = "cb_explore_adf"
+
+#: Reductions whose output subwabbit cannot serve, with the reason.
+UNSERVABLE: Dict[str, str] = {
+    "--ccb_explore_adf": "conditional contextual bandits answer one line per slot",
+    "--slates": "slates answer one line per slot",
+    "--csoaa_ldf": "cost-sensitive examples with label-dependent features are multi-line "
+                   "examples of another layout",
+    "--wap_ldf": "cost-sensitive examples with label-dependent features are multi-line "
+                 "examples of another layout",
+    "--cbify": "it simulates a bandit from a multiclass data set (an offline tool)",
+    "--cbify_ldf": "it simulates a bandit from a data set (an offline tool)",
+    "--warm_cb": "it simulates a bandit from a data set (an offline tool)",
+    "--explore_eval": "it evaluates exploration offline",
+    "--top": "top-k answers several lines per example",
+    "--lda": "topic models answer a vector of topic weights",
+    "--cats": "continuous actions answer an action and a density",
+    "--cats_pdf": "continuous actions answer a density",
+    "--cats_tree": "continuous actions are not served",
+    "--cb_continuous": "continuous actions are not served",
+    "--cbzo": "continuous actions are not served",
+    "--sample_pdf": "continuous actions are not served",
+    "--get_pmf": "continuous actions are not served",
+    "--pmf_to_pdf": "continuous actions are not served",
+    "--cb_explore_pdf": "continuous actions are not served",
+    "--experimental_igl": "interaction-grounded learning is not served",
+    "--sendto": "it sends examples to other vw processes",
+}
+
+#: Prefix of the learning-to-search options, none of which can be served.
+_SEARCH_PREFIX = "--search"
+
+
+def _protocol_error(line: bytes, expected: str) -> VowpalWabbitProtocolError:
+    return VowpalWabbitProtocolError(
+        f"the vw engine printed {line[:200]!r} where {expected} was expected")
+
+
+def _first_token(line: bytes) -> bytes:
+    """The text before the first space (the prediction without a tag)."""
+    return line.split(b" ", 1)[0]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_number(value: Any, what: str) -> None:
+    """Check a label part or weight: a finite real number.
+
+    :raises TypeError: for something that is not a number (``bool`` included)
+    :raises ValueError: for NaN or an infinity
+    """
+    kind = type(value)
+    if kind is int:
+        return
+    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value!r}")
+
+
+def check_scalar_label(label: Any, index: int) -> None:
+    """A label of a scalar model: a finite number, or a label string without
+    spaces or ``|`` (such as ``'0,1'``, as subwabbit 2.x took).
+
+    :raises ValueError: for ``None``, an empty or malformed string, or a number that is not finite
+    :raises TypeError: for something that is neither
+    """
+    if label is None:
+        raise ValueError(f"labels[{index}] is None; every trained item needs a label")
+    if isinstance(label, str):
+        if not label or any(ch.isspace() or ch in "|" for ch in label):
+            raise ValueError(f"labels[{index}] must be a non-empty label without spaces or '|', "
+                             f"got {label!r}")
+        return
+    check_number(label, f"labels[{index}]")
+
+
+def _check_probability(value: Any, what: str) -> None:
+    check_number(value, what)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{what} must be a probability in (0, 1] (the probability with which "
+                         f"the action was chosen), got {value!r}")
+
+
+class PredictionKind:
+    """What the engine prints for one kind of model, and how it reads labels.
+
+    :param origin: what chose the kind, for messages (``'--oaa 3'``,
+        ``"prediction_type='multiclass'"``)
+    """
+
+    #: the ``prediction_type`` value that names the kind
+    name = SCALAR
+    #: output lines the engine prints per example (the answer, then for the
+    #: contextual-bandit kinds an empty line)
+    answer_lines = 1
+    #: whether one example is several lines (a ``shared`` line, one line per
+    #: item, an empty line that ends it): one ``predict`` call is one example
+    multi_line = False
+    #: whether a label may carry an importance weight in VW's text format
+    weighted = True
+    #: what ``predict`` gives per item, for messages and docs
+    gives = "a float"
+
+    def __init__(self, origin: str = "") -> None:
+        self.origin = origin or f"prediction_type={self.name!r}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} from {self.origin}>"
+
+    # ------------------------------------------------------------ engine
+
+    def engine_args(self, vw_args: Sequence[str]) -> List[str]:
+        """The engine arguments this kind needs: ``vw_args`` and any the
+        output format depends on (``--rank_all`` for ``--cb_adf``)."""
+        return list(vw_args)
+
+    # ----------------------------------------------------------- answers
+
+    def parse_line(self, line: bytes) -> Any:
+        """One example's answer (its first output line) as a prediction.
+
+        :raises VowpalWabbitProtocolError: when it is not one
+        """
+        return parse_scalar(line)
+
+    def parse_answers(self, lines: List[bytes]) -> List[Any]:
+        """Whole answers of single-line examples (``answer_lines`` lines
+        each) as predictions, one per example.
+
+        :raises VowpalWabbitProtocolError: when a line is not what the kind prints
+        """
+        if self.answer_lines == 1:
+            return [self.parse_line(line) for line in lines]
+        step = self.answer_lines
+        for line in lines[1::step]:
+            if line:
+                raise _protocol_error(line, "the empty line that ends an answer")
+        return [self.parse_line(line) for line in lines[0::step]]
+
+    def parse_example(self, lines: List[bytes], items: int) -> List[Any]:
+        """The answer to one multi-line example as one prediction per item,
+        in item order (multi-line kinds only)."""
+        raise NotImplementedError(f"{self.name} examples are single lines")
+
+    def check_probe_answers(self, lines: List[bytes]) -> None:
+        """Check that the answer lines to probe examples (a featureless line
+        and an empty line, see :data:`~subwabbit.core.channel.PROBE_LINE`)
+        have this kind's shape, as they arrive; a start-up check that the
+        model is of this kind.
+
+        :raises VowpalWabbitProtocolError: naming the kind, when they are not
+        """
+        step = self.answer_lines
+        for index, line in enumerate(lines):
+            try:
+                if index % step:
+                    if line:
+                        raise _protocol_error(line, "the empty line that ends an answer")
+                elif self.multi_line:
+                    self.parse_example([line, b""], 1)
+                else:
+                    self.parse_line(line)
+            except VowpalWabbitProtocolError as exc:
+                raise VowpalWabbitProtocolError(
+                    f"the vw engine answered a probe example with {lines!r}, which is not what "
+                    f"a {self.name!r} model prints ({self.gives} per item; the kind comes from "
+                    f"{self.origin}): {exc.message}. A model file carries its reductions: pass "
+                    f"prediction_type= to say which kind of model it is (one of "
+                    f"{', '.join(sorted(KINDS))})") from None
+
+    # ------------------------------------------------------------ labels
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        """Check every label and return what goes in front of each item's
+        features (for a scalar model, the labels themselves, formatted by
+        the formatter as in subwabbit 2.x; ``None`` for an unlabelled item
+        of a multi-line example).
+
+        :raises ValueError: naming the item and the rule it breaks
+        :raises TypeError: for a label of the wrong type
+        """
+        for index, label in enumerate(labels):
+            kind = type(label)
+            # Plain ints and finite floats pass without a call (inf - inf is nan).
+            if kind is not int and not (kind is float and label - label == 0.0):
+                check_scalar_label(label, index)
+        return labels
+
+    def check_weights(self, weights: List[Optional[float]]) -> None:
+        """Check the importance weights (``None``: none for that item).
+
+        :raises ValueError: for a negative weight, or any weight where the
+            kind's labels cannot carry one
+        :raises TypeError: for a weight that is not a number
+        """
+        for index, weight in enumerate(weights):
+            if weight is None:
+                continue
+            if not self.weighted:
+                raise ValueError(f"weights[{index}] is {weight!r}, but {self.name} labels "
+                                 f"({self.origin}) carry no importance weight in VW's text "
+                                 "format; pass weights=None")
+            check_number(weight, f"weights[{index}]")
+            if weight < 0:
+                raise ValueError(f"weights[{index}] is negative: {weight!r}")
+
+    def example_lines(self, common_part: str, item_parts: List[str],
+                      labels: Optional[List[Optional[str]]] = None) -> List[str]:
+        """The lines of one multi-line example (multi-line kinds only)."""
+        raise NotImplementedError(f"{self.name} examples are single lines")
+
+
+class ScalarKind(PredictionKind):
+    """Regression, logistic, ``--binary`` and every reduction that prints one
+    number per example: a ``float`` per item; labels are numbers."""
+
+    def parse_answers(self, lines: List[bytes]) -> List[Any]:
+        return parse_scalars(lines)
+
+
+class LabelStringsKind(PredictionKind):
+    """The label string the engine prints (``'0,1'``, ``''`` for none), as
+    :class:`~subwabbit.plt.VowpalWabbitPLTProcess` gave in subwabbit 2.x;
+    labels as for a scalar model (numbers or label strings)."""
+
+    name = LABEL_STRINGS
+    gives = "a label string such as '0,1'"
+
+    def parse_line(self, line: bytes) -> Any:
+        if not line:
+            raise _protocol_error(line, "a label list (vw prints a space even for none)")
+        return parse_labels([line])[0]
+
+    def parse_answers(self, lines: List[bytes]) -> List[Any]:
+        if b"" in lines:
+            raise _protocol_error(b"", "a label list (vw prints a space even for none)")
+        return parse_labels(lines)
+
+
+class _Classes(NamedTuple):
+    """The class labels a multiclass model knows."""
+
+    count: Optional[int]          # K, when the arguments say it
+    first: int                    # 1, or 0 with --indexing 0
+    names: Optional[Tuple[str, ...]]  # --named_labels
+
+    def describe(self) -> str:
+        if self.names is not None:
+            return f"one of {', '.join(self.names)} (--named_labels)"
+        if self.count is None:
+            return f"an int from {self.first}"
+        return f"an int from {self.first} to {self.first + self.count - 1}"
+
+    def check(self, label: Any, what: str, origin: str) -> str:
+        """Check a class label; return it as vw reads it."""
+        if self.names is not None:
+            if isinstance(label, str) and label in self.names:
+                return label
+            raise ValueError(f"{what} must be a class label, {self.describe()} ({origin}), "
+                             f"got {label!r}")
+        if not _is_int(label):
+            if label is None:
+                raise ValueError(f"{what} is None; every trained item needs a label")
+            raise TypeError(f"{what} must be a class label, {self.describe()} ({origin}), "
+                            f"got {label!r}")
+        last = None if self.count is None else self.first + self.count - 1
+        if label < self.first or (last is not None and label > last):
+            rule = ("vw's class labels start at 1" if self.first == 1 and label == 0
+                    else f"it must be {self.describe()}")
+            raise ValueError(f"{what} is {label!r}; {rule} ({origin})")
+        return str(int(label))
+
+    def parse(self, token: bytes, line: bytes) -> Any:
+        if self.names is not None:
+            text = token.decode("utf-8", "replace")
+            if text in self.names:
+                return text
+            raise _protocol_error(line, "a class label")
+        try:
+            return int(token)
+        except ValueError:
+            raise _protocol_error(line, "a class label") from None
+
+
+class MulticlassKind(PredictionKind):
+    """``--oaa``, ``--ect``, ``--log_multi``, ``--recall_tree``: the class
+    label per item (an ``int``; a ``str`` with ``--named_labels``); labels
+    are class labels, with optional importance weights."""
+
+    name = MULTICLASS
+    gives = "a class label"
+
+    def __init__(self, origin: str = "", classes: _Classes = _Classes(None, 1, None)) -> None:
+        super().__init__(origin)
+        self.classes = classes
+
+    def parse_line(self, line: bytes) -> Any:
+        return self.classes.parse(_first_token(line), line)
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        return [self.classes.check(label, f"labels[{index}]", self.origin)
+                for index, label in enumerate(labels)]
+
+
+class CostSensitiveKind(MulticlassKind):
+    """``--csoaa``: the class label per item; labels are dicts ``{class: cost}``
+    (VW's text, such as ``'1:0 2:1 3:1'``, is taken too)."""
+
+    name = COST_SENSITIVE
+    weighted = False
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        texts = []
+        for index, label in enumerate(labels):
+            what = f"labels[{index}]"
+            if isinstance(label, str):
+                label = self._from_text(label, what)
+            if not isinstance(label, dict) or not label:
+                raise TypeError(f"{what} must be a non-empty dict {{class label: cost}} for a "
+                                f"cost-sensitive model ({self.origin}), got {label!r}")
+            parts = []
+            for klass, cost in label.items():
+                text = self.classes.check(klass, f"a class of {what}", self.origin)
+                check_number(cost, f"the cost of class {klass!r} in {what}")
+                parts.append(f"{text}:{_number_text(cost)}")
+            texts.append(" ".join(parts))
+        return texts
+
+    def _from_text(self, text: str, what: str) -> Dict[Any, float]:
+        """``'1:0 2:1'`` as ``{1: 0.0, 2: 1.0}``, to be checked as a dict."""
+        costs: Dict[Any, float] = {}
+        for token in text.split():
+            klass, colon, cost = token.partition(":")
+            try:
+                if not colon:
+                    raise ValueError()
+                costs[klass if self.classes.names is not None else int(klass)] = float(cost)
+            except ValueError:
+                raise ValueError(f"{what} must be a dict {{class label: cost}} or VW's text "
+                                 f"such as '1:0 2:1', got {text!r}") from None
+        return costs
+
+
+class ClassScoresKind(MulticlassKind):
+    """``--oaa K --probabilities`` (or ``--scores``): a ``dict`` per item,
+    ``{class label: probability}`` (or raw score), in class order; labels
+    are class labels."""
+
+    name = CLASS_PROBABILITIES
+    gives = "a dict {class label: probability}"
+
+    def parse_line(self, line: bytes) -> Any:
+        scores: Dict[Any, float] = {}
+        count = self.classes.count
+        for token in line.split():
+            if count is not None and len(scores) == count:
+                break  # a tag follows
+            klass, colon, value = token.partition(b":")
+            try:
+                if not colon:
+                    raise ValueError()
+                scores[self.classes.parse(klass, line)] = float(value)
+            except (ValueError, VowpalWabbitProtocolError):
+                if count is None and scores:
+                    break  # a tag follows
+                raise _protocol_error(line, "class:probability pairs") from None
+        if not scores or (count is not None and len(scores) != count):
+            raise _protocol_error(line, f"{count or 'some'} class:probability pairs")
+        return scores
+
+
+class ClassRawScoresKind(ClassScoresKind):
+    """``--oaa K --scores``: a ``dict`` ``{class label: raw score}`` per item."""
+
+    name = CLASS_SCORES
+    gives = "a dict {class label: score}"
+
+
+class MultilabelKind(PredictionKind):
+    """``--multilabel_oaa``, ``--plt``: a ``list`` of ``int`` labels per item
+    (0-based, as vw numbers them; empty when none applies); labels are lists
+    of ints (a label string such as ``'0,2'`` is taken too)."""
+
+    name = MULTILABEL
+    weighted = False
+    gives = "a list of int labels"
+
+    def __init__(self, origin: str = "", count: Optional[int] = None) -> None:
+        super().__init__(origin)
+        self.count = count
+
+    def parse_line(self, line: bytes) -> Any:
+        if b" " not in line:  # vw ends the list with a space, even an empty one
+            raise _protocol_error(line, "a label list")
+        text = _first_token(line)
+        if not text:
+            return []
+        try:
+            return [int(part) for part in text.split(b",")]
+        except ValueError:
+            raise _protocol_error(line, "a label list") from None
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        texts = []
+        rule = ("ints from 0" if self.count is None
+                else f"ints from 0 to {self.count - 1}")
+        for index, label in enumerate(labels):
+            what = f"labels[{index}]"
+            values = label
+            if isinstance(label, str):
+                try:
+                    values = [int(part) for part in label.split(",")]
+                except ValueError:
+                    raise ValueError(f"{what} must be a list of labels ({rule}) or a string "
+                                     f"such as '0,2', got {label!r}") from None
+            elif _is_int(label):
+                values = [label]
+            elif not isinstance(label, (list, tuple)):
+                raise TypeError(f"{what} must be a list of labels ({rule}), got {label!r}")
+            if not values:
+                raise ValueError(f"{what} is empty; VW's text format has no way to say that no "
+                                 "label applies (an example without labels is not learnt)")
+            for value in values:
+                if not _is_int(value) or value < 0 or (self.count is not None
+                                                       and value >= self.count):
+                    raise ValueError(f"{what} holds {value!r}; labels of {self.origin} are "
+                                     f"{rule}")
+            texts.append(",".join(str(int(value)) for value in values))
+        return texts
+
+
+class _BanditLabels:
+    """Labels ``(action, cost, probability)`` of ``--cb`` and ``--cb_explore``."""
+
+    count: Optional[int]
+    origin: str
+    name: str
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        texts = []
+        for index, label in enumerate(labels):
+            what = f"labels[{index}]"
+            if not isinstance(label, (tuple, list)) or len(label) != 3:
+                raise TypeError(f"{what} must be (action, cost, probability) for {self.origin}, "
+                                f"got {label!r}")
+            action, cost, probability = label
+            last = "K" if self.count is None else str(self.count)
+            if not _is_int(action) or action < 1 or (self.count is not None
+                                                     and action > self.count):
+                raise ValueError(f"the action of {what} is {action!r}; actions are ints from 1 "
+                                 f"to {last} ({self.origin})")
+            check_number(cost, f"the cost of {what}")
+            _check_probability(probability, f"the probability of {what}")
+            texts.append(f"{int(action)}:{_number_text(cost)}:{_number_text(probability)}")
+        return texts
+
+
+class CbKind(_BanditLabels, PredictionKind):
+    """``--cb K``: the chosen action per item (an ``int`` from 1 to K);
+    labels are ``(action, cost, probability)``.
+
+    vw 9 prints the action counted from 0, then an empty line; with
+    ``--cb_force_legacy`` it prints the action counted from 1 on one line.
+    """
+
+    name = CB
+    weighted = False
+    gives = "an action (int from 1)"
+
+    def __init__(self, origin: str = "", count: Optional[int] = None,
+                 legacy: bool = False) -> None:
+        super().__init__(origin)
+        self.count = count
+        self.legacy = legacy
+        self.answer_lines = 1 if legacy else 2
+
+    def parse_line(self, line: bytes) -> Any:
+        try:
+            action = int(_first_token(line))
+        except ValueError:
+            raise _protocol_error(line, "an action") from None
+        return action if self.legacy else action + 1
+
+
+class CbExploreKind(CbKind):
+    """``--cb_explore K``: a ``list`` of K probabilities per item, action 1
+    first; labels are ``(action, cost, probability)``.
+
+    vw 9 prints ``action:probability`` pairs (actions from 0) sorted by
+    probability, then an empty line; with ``--cb_force_legacy`` the
+    probabilities in action order on one line.
+    """
+
+    name = CB_EXPLORE
+    gives = "a list of probabilities, action 1 first"
+
+    def parse_line(self, line: bytes) -> Any:
+        if self.legacy:
+            values = []
+            for token in line.split():
+                if self.count is not None and len(values) == self.count:
+                    break  # a tag follows
+                try:
+                    values.append(float(token))
+                except ValueError:
+                    if values and self.count is None:
+                        break
+                    raise _protocol_error(line, "probabilities") from None
+            if not values or (self.count is not None and len(values) != self.count):
+                raise _protocol_error(line, f"{self.count or 'some'} probabilities")
+            return values
+        values = parse_action_values(line, None)
+        if self.count is not None and len(values) != self.count:
+            raise _protocol_error(line, f"{self.count} action:probability pairs")
+        return values
+
+
+def parse_action_values(line: bytes, count: Optional[int]) -> List[float]:
+    """``1:0.975,0:0.025`` (actions from 0, any order, a tag after a space)
+    as the values in action order.
+
+    :param count: how many actions there must be (``None``: as many as printed)
+    :raises VowpalWabbitProtocolError: when the actions are not exactly 0..count-1
+    """
+    pairs = _first_token(line).split(b",")
+    if count is None:
+        count = len(pairs)
+    values: List[Optional[float]] = [None] * count
+    if len(pairs) != count:
+        raise _protocol_error(line, f"{count} action:value pairs (one per item)")
+    try:
+        for pair in pairs:
+            action, _, value = pair.partition(b":")
+            index = int(action)
+            if index < 0 or values[index] is not None:
+                raise ValueError()
+            values[index] = float(value)
+    except (ValueError, IndexError):
+        raise _protocol_error(line, f"{count} action:value pairs (one per item)") from None
+    return values  # type: ignore[return-value]  # all set: count distinct indexes < count
+
+
+class AdfKind(PredictionKind):
+    """``--cb_adf``: one multi-line example per call; the predicted cost of
+    each item (its score; lower is better), in item order. vw is run with
+    ``--rank_all`` so that it prints every item's score, not only the best.
+
+    Labels: ``None`` for every item but the one that was shown, whose label
+    is ``(cost, probability)``.
+    """
+
+    name = CB_ADF
+    answer_lines = 2
+    multi_line = True
+    weighted = False
+    gives = "the item's score (its predicted cost)"
+
+    def engine_args(self, vw_args: Sequence[str]) -> List[str]:
+        args = list(vw_args)
+        if "--rank_all" not in args:
+            args.append("--rank_all")
+        return args
+
+    def parse_example(self, lines: List[bytes], items: int) -> List[Any]:
+        if len(lines) != 2 or lines[1]:
+            raise _protocol_error(b"\n".join(lines), "one answer line and an empty line")
+        return parse_action_values(lines[0], items)
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        texts: List[Optional[str]] = []
+        for index, label in enumerate(labels):
+            if label is None:
+                texts.append(None)
+                continue
+            what = f"labels[{index}]"
+            if not isinstance(label, (tuple, list)) or len(label) != 2:
+                raise TypeError(f"{what} must be None or (cost, probability) for the item that "
+                                f"was shown ({self.origin}), got {label!r}")
+            cost, probability = label
+            check_number(cost, f"the cost of {what}")
+            _check_probability(probability, f"the probability of {what}")
+            texts.append(f"0:{_number_text(cost)}:{_number_text(probability)}")
+        labelled = [index for index, text in enumerate(texts) if text is not None]
+        if len(labelled) != 1:
+            raise ValueError(
+                f"exactly one item of a {self.origin} example is labelled (cost, probability): "
+                f"the item that was shown; the others are None. Got "
+                f"{len(labelled)} labelled items"
+                + (f" (labels{labelled[:5]})" if labelled else ""))
+        return texts
+
+    def example_lines(self, common_part: str, item_parts: List[str],
+                      labels: Optional[List[Optional[str]]] = None) -> List[str]:
+        """The lines of one example: the shared line, ``shared`` and the
+        common part (``shared |`` when the common part is blank: vw learns
+        and predicts the same as without a shared line), then each item's
+        part, with its label in front when it has one. The empty line that
+        ends the example is added by the channel.
+
+        :param common_part: the result of ``format_common_features``
+        :param item_parts: the results of ``format_item_features``
+        :param labels: from :meth:`check_labels`, or ``None`` to predict
+        """
+        if labels is None:
+            lines = list(item_parts)
+        else:
+            lines = [part if text is None else f"{text} {part}"
+                     for part, text in zip(item_parts, labels)]
+        lines.insert(0, "shared " + common_part if common_part.strip() else "shared |")
+        return lines
+
+
+class ExploreAdfKind(AdfKind):
+    """``--cb_explore_adf``: one multi-line example per call; the
+    probability of each item, in item order, to sample the item to show
+    from (:func:`~subwabbit.exploration.sample_item`). Labels as ``--cb_adf``."""
+
+    name = CB_EXPLORE_ADF
+    gives = "the item's probability"
+
+    def engine_args(self, vw_args: Sequence[str]) -> List[str]:
+        return list(vw_args)
+
+
+#: The kinds by ``prediction_type``, and what each gives per item.
+KINDS: Dict[str, str] = {
+    SCALAR: "float",
+    MULTICLASS: "int class label",
+    COST_SENSITIVE: "int class label (train with {label: cost} dicts)",
+    CLASS_PROBABILITIES: "dict {class label: probability}",
+    CLASS_SCORES: "dict {class label: raw score}",
+    MULTILABEL: "list of int labels",
+    LABEL_STRINGS: "label string such as '0,1'",
+    CB: "int action from 1",
+    CB_EXPLORE: "list of probabilities, action 1 first",
+    CB_ADF: "the item's score (multi-line)",
+    CB_EXPLORE_ADF: "the item's probability (multi-line)",
+}
+
+#: Reductions that decide the kind, in order of precedence (a reduction
+#: built on another one comes first): option -> prediction_type.
+_REDUCTIONS: Tuple[Tuple[str, str], ...] = (
+    ("--cb_explore_adf", CB_EXPLORE_ADF),
+    ("--cb_adf", CB_ADF),
+    ("--cb_explore", CB_EXPLORE),
+    ("--cb", CB),
+    ("--multilabel_oaa", MULTILABEL),
+    ("--plt", MULTILABEL),
+    ("--csoaa", COST_SENSITIVE),
+    ("--oaa", MULTICLASS),
+    ("--ect", MULTICLASS),
+    ("--log_multi", MULTICLASS),
+    ("--recall_tree", MULTICLASS),
+)
+
+#: Families of kinds: an explicit prediction_type may refine what the
+#: arguments say within a family (``--probabilities`` given again with a
+#: model file, say), not contradict it.
+_FAMILY = {CLASS_PROBABILITIES: MULTICLASS, CLASS_SCORES: MULTICLASS,
+           LABEL_STRINGS: MULTILABEL}
+
+
+def _option_value(args: Sequence[str], name: str) -> Optional[str]:
+    """The value of the last ``name`` option in ``args`` (``''`` when it has none)."""
+    value = None
+    for index, token in enumerate(args):
+        if option_name(token) != name:
+            continue
+        if "=" in token:
+            value = token.split("=", 1)[1]
+        elif index + 1 < len(args) and option_name(args[index + 1]) is None:
+            value = args[index + 1]
+        else:
+            value = ""
+    return value
+
+
+def _count(args: Sequence[str], name: str) -> Optional[int]:
+    value = _option_value(args, name)
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def refuse_unservable(vw_args: Sequence[str]) -> None:
+    """Refuse reductions whose output subwabbit cannot read.
+
+    :raises ValueError: naming the argument and why
+    """
+    names = [option_name(token) for token in vw_args]
+    for name in names:
+        if name is None:
+            continue
+        if name in UNSERVABLE:
+            raise ValueError(f"vw_args contains {name}: subwabbit cannot serve it "
+                             f"({UNSERVABLE[name]})")
+        if name.startswith(_SEARCH_PREFIX):
+            raise ValueError(f"vw_args contains {name}: subwabbit cannot serve learning to "
+                             "search (its examples and answers are sequences)")
+    if "--probabilities" in names:
+        others = [option for option, _ in _REDUCTIONS if option in names and option != "--oaa"]
+        if others:
+            raise ValueError(f"vw_args contains --probabilities with {others[0]}: subwabbit "
+                             "serves --probabilities with --oaa only (with the others vw "
+                             "ignores it, refuses it, or prints a second line per example)")
+
+
+def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
+                default: Optional[str] = None) -> PredictionKind:
+    """The kind of model the engine arguments (or ``prediction_type``) describe.
+
+    :param vw_args: normalised engine arguments
+    :param prediction_type: one of :data:`KINDS`, for a model file whose
+        reductions the arguments do not show; it must agree with the
+        reductions the arguments do show
+    :param default: the kind of a client class when neither says one
+        (:class:`~subwabbit.plt.VowpalWabbitPLTProcess`: ``'label_strings'``,
+        used for ``--plt``/``--multilabel_oaa`` or no reduction)
+    :raises ValueError: for an unknown ``prediction_type``, one that
+        contradicts the arguments, or a reduction subwabbit cannot serve
+    """
+    args = list(vw_args)
+    refuse_unservable(args)
+    if prediction_type is not None and prediction_type not in KINDS:
+        raise ValueError(f"prediction_type must be one of {', '.join(sorted(KINDS))}, "
+                         f"got {prediction_type!r}")
+    names = {option_name(token) for token in args}
+    option = next((option for option, _ in _REDUCTIONS if option in names), None)
+    inferred = dict(_REDUCTIONS).get(option) if option else None
+    if inferred in (MULTICLASS, None) and "--probabilities" in names:
+        inferred = CLASS_PROBABILITIES
+    elif inferred == MULTICLASS and "--scores" in names:
+        inferred = CLASS_SCORES
+    if option is not None:
+        count = _option_value(args, option)
+        origin = f"{option} {count}" if count else option
+    else:
+        origin = "--probabilities" if inferred else "no reduction in vw_args"
+    if prediction_type is not None:
+        chosen = prediction_type
+        if chosen == MULTICLASS and inferred in (CLASS_PROBABILITIES, CLASS_SCORES):
+            chosen = inferred  # --probabilities given again with a model file
+        if inferred is not None and (_FAMILY.get(chosen, chosen)
+                                     != _FAMILY.get(inferred, inferred)):
+            raise ValueError(f"prediction_type={prediction_type!r} contradicts {origin} in "
+                             f"vw_args, which makes a {inferred!r} model")
+        origin = f"prediction_type={prediction_type!r}"
+    elif default is not None and inferred in (None, MULTILABEL):
+        chosen = default
+    else:
+        chosen = inferred or SCALAR
+    return _build(chosen, args, origin, _count(args, option) if option else None)
+
+
+def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> PredictionKind:
+    if chosen in (MULTICLASS, COST_SENSITIVE, CLASS_PROBABILITIES, CLASS_SCORES):
+        names_value = _option_value(args, "--named_labels")
+        names = tuple(names_value.split(",")) if names_value else None
+        first = 0 if _option_value(args, "--indexing") == "0" else 1
+        classes = _Classes(len(names) if names else count, first, names)
+        factory: Callable[..., PredictionKind] = {
+            MULTICLASS: MulticlassKind, COST_SENSITIVE: CostSensitiveKind,
+            CLASS_PROBABILITIES: ClassScoresKind, CLASS_SCORES: ClassRawScoresKind}[chosen]
+        return factory(origin, classes)
+    if chosen == MULTILABEL:
+        return MultilabelKind(origin, count)
+    if chosen in (CB, CB_EXPLORE):
+        factory = CbExploreKind if chosen == CB_EXPLORE else CbKind
+        return factory(origin, count, "--cb_force_legacy" in args)
+    if chosen == CB_ADF:
+        return AdfKind(origin)
+    if chosen == CB_EXPLORE_ADF:
+        return ExploreAdfKind(origin)
+    if chosen == LABEL_STRINGS:
+        return LabelStringsKind(origin)
+    return ScalarKind(origin)

@@ -1,0 +1,659 @@
+"""Every kind of model against the real engine, on the three client classes.
+
+Each kind is checked against the engine reading the same lines from a file:
+the lines (labels included) are written here by hand, and the engine's
+output is read here with a few lines of code of the test's own, so that the
+library's formatting and parsing are compared with vw, not with themselves.
+"""
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Dict, List, NamedTuple
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
+                       VowpalWabbitEngineExitedError, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitPLTProcess,
+                       VowpalWabbitProcess, VowpalWabbitStartupError)
+from subwabbit.command import default_engine_command
+from subwabbit.engine import program
+
+from conftest import ALL_KINDS, Client, DictFormatter, engine_from_file, in_child
+
+
+# ---------------------------------------------------------------- the kinds
+
+def _ints(raw: List[bytes]) -> List[Any]:
+    return [int(line.split()[0]) for line in raw]
+
+
+def _class_dicts(raw: List[bytes]) -> List[Any]:
+    return [{int(label): float(value) for label, value in
+             (token.split(b":") for token in line.split())} for line in raw]
+
+
+def _label_lists(raw: List[bytes]) -> List[Any]:
+    return [[int(label) for label in line.split(b" ")[0].split(b",") if label] for line in raw]
+
+
+def _actions_from_1(raw: List[bytes]) -> List[Any]:
+    # vw 9 prints --cb actions counted from 0, then an empty line
+    assert not any(raw[1::2])
+    return [int(line) + 1 for line in raw[0::2]]
+
+
+def _in_action_order(line: bytes) -> List[float]:
+    pairs = sorted((int(action), float(value))
+                   for action, value in (pair.split(b":") for pair in line.split(b",")))
+    assert [action for action, _ in pairs] == list(range(len(pairs)))
+    return [value for _, value in pairs]
+
+
+def _probability_lists(raw: List[bytes]) -> List[Any]:
+    assert not any(raw[1::2])
+    return [_in_action_order(line) for line in raw[0::2]]
+
+
+class Kind(NamedTuple):
+    """A kind of model: its arguments, a label per item, that label as a
+    file line carries it, and the engine's output read into predictions
+    (one per example)."""
+
+    args: List[str]
+    label: Callable[[int, int], Any]        # (request, item id) -> the label train() takes
+    text: Callable[[Any], str]              # that label as VW text
+    read: Callable[[List[bytes]], List[Any]]
+    multi_line: bool = False
+    file_args: List[str] = []               # what the library adds (--rank_all)
+    load_args: List[str] = []               # what a model file does not keep
+    prediction_type: str = ""               # for a model file
+
+
+def _class_of(request: int, item: int) -> int:
+    return (item + request // 7) % 3 + 1
+
+
+def _bandit(request: int, item: int) -> Any:
+    return (_class_of(request, item), float((item + request) % 2), 0.5)
+
+
+KINDS: Dict[str, Kind] = {
+    "oaa": Kind(["--oaa", "3"], _class_of, str, _ints, prediction_type="multiclass"),
+    "ect": Kind(["--ect", "3"], _class_of, str, _ints),
+    "log_multi": Kind(["--log_multi", "3"], _class_of, str, _ints),
+    "recall_tree": Kind(["--recall_tree", "3"], _class_of, str, _ints),
+    "csoaa": Kind(["--csoaa", "3"],
+                  lambda request, item: {c: int(c != _class_of(request, item)) for c in (1, 2, 3)},
+                  lambda label: " ".join(f"{c}:{cost}" for c, cost in label.items()), _ints),
+    "oaa-probabilities": Kind(["--oaa", "3", "--probabilities", "--loss_function", "logistic"],
+                              _class_of, str, _class_dicts,
+                              load_args=["--probabilities", "--loss_function", "logistic"],
+                              prediction_type="multiclass"),
+    "multilabel_oaa": Kind(["--multilabel_oaa", "3"],
+                           lambda request, item: sorted({item % 3, (item // 3 + request) % 3}),
+                           lambda label: ",".join(map(str, label)), _label_lists,
+                           prediction_type="multilabel"),
+    "plt": Kind(["--plt", "6", "--top_k", "2", "--loss_function", "logistic"],
+                lambda request, item: [item % 6], lambda label: str(label[0]), _label_lists,
+                load_args=["--loss_function", "logistic"]),
+    "cb": Kind(["--cb", "3"], _bandit, lambda label: "%d:%r:%r" % label, _actions_from_1,
+               prediction_type="cb"),
+    "cb_explore": Kind(["--cb_explore", "3", "--epsilon", "0.2"], _bandit,
+                       lambda label: "%d:%r:%r" % label, _probability_lists,
+                       prediction_type="cb_explore"),
+    "cb_adf": Kind(["--cb_adf"], None, lambda label: "0:%r:%r" % label, _probability_lists,
+                   multi_line=True, file_args=["--rank_all"], load_args=["--rank_all"],
+                   prediction_type="cb_adf"),
+    "cb_explore_adf": Kind(["--cb_explore_adf", "--epsilon", "0.2"], None,
+                           lambda label: "0:%r:%r" % label, _probability_lists, multi_line=True,
+                           prediction_type="cb_explore_adf"),
+}
+MULTI_LINE = [name for name, kind in KINDS.items() if kind.multi_line]
+
+FORMATTER = DictFormatter()
+
+
+def request(index: int, size: int = 6) -> Any:
+    common = {"user": index % 5, "ctx": [f"k{index % 3}"]}
+    return common, [{"id": (index * 5 + offset) % 23} for offset in range(size)]
+
+
+def shown(index: int, size: int) -> int:
+    return (index * 7) % size
+
+
+def adf_labels(index: int, size: int) -> List[Any]:
+    """The labels of a multi-line example: the shown item's (cost, probability)."""
+    items = request(index, size)[1]
+    cost = float(items[shown(index, size)]["id"] % 2)
+    return [(cost, 1 / size) if position == shown(index, size) else None
+            for position in range(size)]
+
+
+def train_labels(name: str, index: int, size: int = 6) -> List[Any]:
+    kind = KINDS[name]
+    if kind.multi_line:
+        return adf_labels(index, size)
+    return [kind.label(index, item["id"]) for item in request(index, size)[1]]
+
+
+def file_lines(name: str, index: int, size: int = 6, labelled: bool = True) -> List[str]:
+    """The VW lines of a request, written here without the library."""
+    kind = KINDS[name]
+    common, items = request(index, size)
+    common_part = FORMATTER.format_common_features(common)
+    parts = [FORMATTER.format_item_features(common, item) for item in items]
+    labels = train_labels(name, index, size) if labelled else [None] * size
+    texts = ["" if label is None else kind.text(label) + " " for label in labels]
+    if kind.multi_line:
+        return [f"shared {common_part}"] + [text + part for text, part in zip(texts, parts)] + [""]
+    return [f"{text}{common_part} {part}" for text, part in zip(texts, parts)]
+
+
+TRAIN = range(40)
+TEST = [(100, 7), (101, 1), (102, 12)]
+
+
+def expected_after_training(name: str, tmp_path: Any) -> List[List[Any]]:
+    """The predictions for the TEST requests of the engine that read the
+    TRAIN requests, then the TEST requests, from a file."""
+    kind = KINDS[name]
+    lines = [line for index in TRAIN for line in file_lines(name, index)]
+    test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
+    raw = engine_from_file(lines + test, kind.args + kind.file_args, tmp_path)
+    predictions = kind.read(raw)
+    if kind.multi_line:
+        return predictions[-len(TEST):]
+    flat = predictions[-sum(size for _, size in TEST):]
+    result, start = [], 0
+    for _, size in TEST:
+        result.append(flat[start:start + size])
+        start += size
+    return result
+
+
+def _train_all(client: Client, name: str) -> None:
+    for index in TRAIN:
+        common, items = request(index)
+        client.train(common, items, train_labels(name, index))
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+@pytest.mark.parametrize("name", list(KINDS))
+def test_train_then_predict_equals_the_engine_reading_a_file(name, client_kind, tmp_path):
+    expected = expected_after_training(name, tmp_path)
+    client = Client(client_kind, FORMATTER, KINDS[name].args + ["--quiet"])
+    try:
+        assert client.model.prediction_kind.multi_line == KINDS[name].multi_line
+        _train_all(client, name)
+        got = [client.predict(*request(index, size)) for index, size in TEST]
+        assert got == expected
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_write_only_training_saves_the_model_the_file_trains(name, tmp_path):
+    kind = KINDS[name]
+    with VowpalWabbitProcess(FORMATTER, kind.args + ["--quiet"], write_only=True) as trainer:
+        for index in TRAIN:
+            trainer.train(*request(index), train_labels(name, index))
+        trainer.save(str(tmp_path / "online.vw"))
+    lines = [line for index in TRAIN for line in file_lines(name, index)]
+    engine_from_file(lines, kind.args + kind.file_args + ["-f", str(tmp_path / "file.vw")],
+                     tmp_path)
+    test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
+    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"] + kind.load_args,
+                              tmp_path)
+    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"] + kind.load_args,
+                                 tmp_path)
+    assert online == from_file and online
+
+
+def test_cb_actions_count_from_1_as_the_labels_do():
+    """vw 9 prints a --cb action counted from 0; the library gives it from 1,
+    as labels name it: trained that action 3 costs nothing, it predicts 3."""
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--cb", "3", "--quiet"]) as model:
+        for _ in range(20):
+            model.train("|u a", ["|i x"] * 3, [(3, 0.0, 0.3), (1, 1.0, 0.3), (2, 1.0, 0.3)])
+        assert list(model.predict("|u a", ["|i x"])) == [3]
+
+
+# ----------------------------------------------------------- model files
+
+def _trained_file(name: str, tmp_path: Any) -> str:
+    kind = KINDS[name]
+    path = str(tmp_path / f"{name}.vw")
+    lines = [line for index in TRAIN for line in file_lines(name, index)]
+    engine_from_file(lines, kind.args + kind.file_args + ["-f", path], tmp_path)
+    return path
+
+
+@pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if kind.prediction_type])
+def test_a_model_file_is_served_with_prediction_type(name, tmp_path):
+    kind = KINDS[name]
+    model = _trained_file(name, tmp_path)
+    test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
+    raw = engine_from_file(test, ["-i", model, "-t"] + kind.load_args, tmp_path)
+    expected = kind.read(raw)
+    with VowpalWabbitNonBlockingProcess(FORMATTER, ["-i", model, "-t", "--quiet"] + kind.load_args,
+                                        prediction_type=kind.prediction_type) as process:
+        got = [list(process.predict(*request(index, size))) for index, size in TEST]
+    if not kind.multi_line:
+        got = [prediction for predictions in got for prediction in predictions]
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", ["cb", "cb_explore", "cb_adf", "cb_explore_adf"])
+def test_a_model_file_of_another_kind_fails_start_up_at_once_naming_prediction_type(name,
+                                                                                    tmp_path):
+    model = _trained_file(name, tmp_path)
+    began = time.perf_counter()
+    with pytest.raises(VowpalWabbitStartupError, match="pass prediction_type="):
+        VowpalWabbitProcess(FORMATTER, ["-i", model, "--quiet"], startup_timeout_s=60)
+    assert time.perf_counter() - began < 10  # not the start-up timeout
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(FORMATTER, ["-i", model, "--quiet"]):
+            pass
+
+    with pytest.raises(VowpalWabbitStartupError, match="pass prediction_type="):
+        asyncio.run(main())
+
+
+def test_a_legacy_cb_model_needs_cb_force_legacy_again(tmp_path):
+    path = str(tmp_path / "legacy.vw")
+    engine_from_file(["1:1:0.5 |a x", "2:0:0.5 |a y"], ["--cb", "3", "--cb_force_legacy",
+                                                        "-f", path], tmp_path)
+    with pytest.raises(VowpalWabbitStartupError, match="prediction_type="):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "--quiet"],
+                            prediction_type="cb")
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                             ["-i", path, "--cb_force_legacy", "--quiet"],
+                             prediction_type="cb") as model:
+        assert model.prediction_kind.answer_lines == 1
+        assert list(model.predict("", ["|a y"])) == [2]
+
+
+# ------------------------------------------------- never misattributed
+
+def _expected_requests(name: str, model: str, requests: List[Any], tmp_path: Any) -> List[Any]:
+    kind = KINDS[name]
+    result = []
+    for index, size in requests:
+        raw = engine_from_file(file_lines(name, index, size, False),
+                               ["-i", model, "-t"] + kind.load_args, tmp_path)
+        result.append(kind.read(raw)[0] if kind.multi_line else kind.read(raw))
+    return result
+
+
+def _check(name: str, got: List[Any], expected: List[Any]) -> None:
+    """A multi-line call gives all its items or none; a single-line one a prefix."""
+    if KINDS[name].multi_line:
+        assert got in ([], expected)
+    else:
+        assert got == expected[:len(got)]
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+@pytest.mark.parametrize("name", ["oaa", "cb_explore_adf"])
+def test_deadline_leftovers_and_abandoned_calls_never_reach_a_later_call(name, client_kind,
+                                                                         tmp_path):
+    model = _trained_file(name, tmp_path)
+    requests = [(200 + index, 400 + 150 * index) for index in range(4)] + [(300, 9)]
+    expected = _expected_requests(name, model, requests, tmp_path)
+    # the blocking class leaves work in flight only with a bound on lateness
+    bound = {"max_lateness_s": 0.0} if client_kind == "blocking" else {}
+    client = Client(client_kind, FORMATTER, ["-i", model, "-t", "--quiet"],
+                    prediction_type=KINDS[name].prediction_type, **bound)
+    try:
+        saw_leftovers = False
+        for round_ in range(3):
+            for position, (index, size) in enumerate(requests[:4]):
+                got = client.predict(*request(index, size), timeout=0.0005 * (round_ + 1))
+                _check(name, got, expected[position])
+                saw_leftovers = saw_leftovers or client.model.pending_lines > 0
+                if client_kind != "asyncio":  # an abandoned iterator, of another request
+                    other = (position + 1) % 4
+                    iterator = client.model.predict(*request(*requests[other]))
+                    assert next(iterator, None) == expected[other][0]
+                    saw_leftovers = saw_leftovers or client.model.pending_lines > 0
+                    del iterator
+                    gc.collect()
+            assert client.predict(*request(300, 9)) == expected[-1]
+        assert saw_leftovers  # the test did leave work in flight
+        for position, (index, size) in enumerate(requests):
+            assert client.predict(*request(index, size)) == expected[position]
+        assert client.model.pending_lines == 0
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess],
+                         ids=["blocking", "nonblocking"])
+@pytest.mark.parametrize("name", ["oaa", "cb_explore_adf"])
+def test_concurrent_threads_each_get_their_own_predictions(name, cls, tmp_path):
+    model = _trained_file(name, tmp_path)
+    requests = [(400 + index, 200 + 150 * index) for index in range(6)]
+    expected = _expected_requests(name, model, requests, tmp_path)
+    failures = []
+    bound = {"max_lateness_s": 0.0} if cls is VowpalWabbitProcess else {}
+    with cls(FORMATTER, ["-i", model, "-t", "--quiet"],
+             prediction_type=KINDS[name].prediction_type, **bound) as process:
+        def worker(offset):
+            try:
+                for round_ in range(8):
+                    position = (offset + round_) % len(requests)
+                    index, size = requests[position]
+                    timeout = 0.001 if round_ % 2 == 0 else None
+                    got = list(process.predict(*request(index, size), timeout=timeout))
+                    if timeout is None:
+                        assert got == expected[position]
+                    else:
+                        _check(name, got, expected[position])
+            except BaseException as exc:  # pylint: disable=broad-except
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(offset,)) for offset in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("name", ["oaa", "cb_explore_adf"])
+def test_concurrent_tasks_and_cancelled_calls_each_get_their_own_predictions(name, tmp_path):
+    model = _trained_file(name, tmp_path)
+    requests = [(500 + index, 25 + 53 * index) for index in range(8)]
+    expected = _expected_requests(name, model, requests, tmp_path)
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(
+                FORMATTER, ["-i", model, "-t", "--quiet"],
+                prediction_type=KINDS[name].prediction_type) as process:
+            tasks = [asyncio.ensure_future(process.predict(
+                *request(*requests[position]), timeout=0.003 if position % 2 else None))
+                for position in range(len(requests))]
+            victim = asyncio.ensure_future(process.predict(*request(*requests[0])))
+            await asyncio.sleep(0)
+            victim.cancel()
+            results = await asyncio.gather(*tasks)
+            again = [await process.predict(*request(*requests[position]))
+                     for position in range(len(requests))]
+            return results, again
+
+    results, again = asyncio.run(main())
+    for position, got in enumerate(results):
+        if position % 2:
+            _check(name, got, expected[position])
+        else:
+            assert got == expected[position]
+    assert again == expected
+
+
+# ------------------------------------------------ fork, crash, save
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+def test_after_fork_a_multi_line_model_serves_the_child_and_the_parent(client_kind, tmp_path):
+    model = _trained_file("cb_explore_adf", tmp_path)
+    requests = [(600, 900), (601, 5)]
+    expected = _expected_requests("cb_explore_adf", model, requests, tmp_path)
+    client = Client(client_kind, FORMATTER, ["-i", model, "-t", "--quiet"],
+                    prediction_type="cb_explore_adf")
+    try:
+        parent_engine = client.model.pid
+        client.predict(*request(*requests[0]), timeout=0.0005)  # may leave work in flight
+
+        def child():
+            client.new_loop_after_fork()
+            return [client.predict(*request(*requests[1])), client.model.pid]
+
+        outcome = in_child(child)
+        assert "error" not in outcome, outcome
+        got, child_engine = outcome["ok"]
+        assert got == expected[1] and child_engine != parent_engine
+        assert client.model.pid == parent_engine
+        assert client.predict(*request(*requests[0])) == expected[0]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+@pytest.mark.parametrize("name", ["oaa-probabilities", "cb_explore_adf"])
+def test_restart_on_crash_recovers_and_stays_exact(name, client_kind, tmp_path):
+    kind = KINDS[name]
+    model = _trained_file(name, tmp_path)
+    expected = _expected_requests(name, model, [(700, 40)], tmp_path)[0]
+    client = Client(client_kind, FORMATTER, ["-i", model, "-t", "--quiet"] + kind.load_args,
+                    prediction_type=kind.prediction_type, restart_on_crash=True)
+    try:
+        assert client.predict(*request(700, 40)) == expected
+        os.kill(client.model.pid, signal.SIGKILL)
+        time.sleep(0.05)
+        with pytest.raises(VowpalWabbitEngineExitedError):
+            client.predict(*request(700, 40), timeout=None)
+        for _ in range(400):
+            got = client.predict(*request(700, 40), timeout=0.01)
+            _check(name, got, expected)
+            if got:
+                break
+        assert client.predict(*request(700, 40)) == expected
+        assert client.model.restart_count == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+def test_save_from_a_multi_line_process_keeps_serving(client_kind, tmp_path):
+    client = Client(client_kind, FORMATTER, KINDS["cb_explore_adf"].args + ["--quiet"])
+    try:
+        _train_all(client, "cb_explore_adf")
+        before = client.predict(*request(800, 6))
+        if client_kind == "asyncio":
+            client.loop.run_until_complete(client.model.save(str(tmp_path / "saved.vw")))
+        else:
+            client.model.save(str(tmp_path / "saved.vw"))
+        assert client.predict(*request(800, 6)) == before
+    finally:
+        client.close()
+    assert _expected_requests("cb_explore_adf", str(tmp_path / "saved.vw"), [(800, 6)],
+                              tmp_path) == [before]
+
+
+# ----------------------------------------------------- labels and lines
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+def test_bad_labels_raise_before_anything_is_sent(client_kind, tmp_path):
+    client = Client(client_kind, FORMATTER, ["--oaa", "3", "--quiet"])
+    try:
+        common, items = request(1, 3)
+        with pytest.raises(ValueError, match=r"labels\[2\] is 0; vw's class labels start at 1"):
+            client.train(common, items, [1, 2, 0])
+        with pytest.raises(ValueError, match=r"weights\[0\] is negative"):
+            client.train(common, items, [1, 2, 3], [-1, None, None])
+        assert client.model.pending_lines == 0
+        assert client.predict(common, items) == [1, 1, 1]  # nothing was learnt
+    finally:
+        client.close()
+    client = Client(client_kind, FORMATTER, ["--cb_explore_adf", "--quiet"])
+    try:
+        common, items = request(1, 3)
+        with pytest.raises(ValueError, match=r"exactly one item .* labelled"):
+            client.train(common, items, [(1.0, 0.5), (0.0, 0.5), None])
+        with pytest.raises(ValueError, match=r"the probability of labels\[1\] .* \(0, 1\]"):
+            client.train(common, items, [None, (0.0, 0.0), None])
+        assert client.predict(common, items) == [pytest.approx(1 / 3, abs=1e-5)] * 3
+    finally:
+        client.close()
+
+
+class BlankItems(DictFormatter):
+    """Formats item 13 as an empty part, which would end a multi-line example."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        if item_features["id"] == 13:
+            return ""
+        return super().format_item_features(common_features, item_features, debug_info)
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+def test_an_item_line_that_would_end_the_example_is_refused(client_kind):
+    client = Client(client_kind, BlankItems(), ["--cb_explore_adf", "--quiet"])
+    try:
+        items = [{"id": 12}, {"id": 13}, {"id": 14}]
+        with pytest.raises(ValueError, match=r"formatted item #1 is empty; vw reads an empty line"):
+            client.predict({"user": 1}, items)
+        with pytest.raises(ValueError, match=r"formatted item #1 is empty"):
+            client.train({"user": 1}, items, [None, None, (1.0, 0.5)])
+        assert client.model.pending_lines == 0
+        assert client.predict({"user": 1}, [{"id": 12}, {"id": 14}]) == [0.5, 0.5]
+    finally:
+        client.close()
+
+
+def test_multi_line_metrics_count_the_items_of_the_example():
+    metrics: Dict[str, Any] = {}
+    detailed: Dict[str, Any] = {}
+    with VowpalWabbitNonBlockingProcess(FORMATTER, ["--cb_explore_adf", "--quiet"]) as model:
+        got = list(model.predict(*request(1, 120), metrics=metrics, detailed_metrics=detailed))
+        assert len(got) == 120 and metrics["num_lines"] == 120
+        assert len(detailed["generating_lines_time"]) >= 3  # formatted 50 items at a time
+        empty = list(model.predict(*request(1, 3000), timeout=0.0, metrics=metrics))
+    assert empty == [] and metrics["num_lines"] == 0
+
+
+# ------------------------------------------------------------ PLT and engines
+
+def test_plt_class_keeps_label_strings_and_plain_processes_give_lists(tmp_path):
+    args = KINDS["plt"].args + ["--quiet"]
+    with VowpalWabbitPLTProcess(FORMATTER, args) as old, VowpalWabbitProcess(FORMATTER,
+                                                                              args) as new:
+        for index in TRAIN:
+            common, items = request(index)
+            old.train(common, items, [str(label[0]) for label in train_labels("plt", index)])
+            new.train(common, items, train_labels("plt", index))
+        strings = list(old.predict(*request(100, 7)))
+        lists = list(new.predict(*request(100, 7)))
+    assert all(isinstance(value, str) for value in strings)
+    assert lists == [[int(label) for label in value.split(",") if label] for value in strings]
+    assert lists == expected_after_training("plt", tmp_path)[0]
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_the_wheel_engines_one_thread_loop_leaves_every_kind_to_vws_driver(name, tmp_path):
+    """The loop serves plain scalar predictions only; for every other kind
+    the wheel's engine runs vw's own driver, with or without a model file."""
+    import pylibvw  # pylint: disable=import-outside-toplevel,import-error
+    kind = KINDS[name]
+    args = kind.args + kind.file_args + ["-p", "stdout", "--quiet"]
+    # decided from the arguments, without loading a model only to find out
+    assert program._loop_arguments(args) is None  # pylint: disable=protected-access
+    model = _trained_file(name, tmp_path)
+    assert program._start_loop(  # pylint: disable=protected-access
+        pylibvw, ["-i", model, "-p", "stdout", "--quiet"] + kind.load_args) is None
+
+
+@pytest.mark.parametrize("driver", ["vw", "loop"])
+@pytest.mark.parametrize("name", ["csoaa", "cb", "cb_explore_adf"])
+def test_both_engine_drivers_serve_the_kinds(name, driver, tmp_path, monkeypatch):
+    monkeypatch.setenv(program.DRIVER_ENV_VAR, driver)
+    expected = expected_after_training(name, tmp_path)
+    with VowpalWabbitProcess(FORMATTER, KINDS[name].args + ["--quiet"],
+                             vw_command=default_engine_command()) as model:
+        for index in TRAIN:
+            model.train(*request(index), train_labels(name, index))
+        assert [list(model.predict(*request(index, size))) for index, size in TEST] == expected
+
+
+def test_a_write_only_multi_line_engine_is_never_left_with_half_an_example(tmp_path):
+    """The write-only start-up probe ends with an empty line: an example of
+    its own, never glued to the first training example."""
+    with VowpalWabbitProcess(FORMATTER, KINDS["cb_adf"].args + ["--quiet"],
+                             write_only=True) as trainer:
+        trainer.train(*request(0), train_labels("cb_adf", 0))
+        trainer.save(str(tmp_path / "one.vw"))
+    engine_from_file(file_lines("cb_adf", 0), ["--cb_adf", "--rank_all", "-f",
+                                               str(tmp_path / "file.vw")], tmp_path)
+    test = file_lines("cb_adf", 5, 4, False)
+    assert (engine_from_file(test, ["-i", str(tmp_path / "one.vw"), "-t"], tmp_path)
+            == engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path))
+
+
+def test_predict_on_a_closed_or_write_only_multi_line_process_raises():
+    with VowpalWabbitProcess(FORMATTER, ["--cb_explore_adf", "--quiet"],
+                             write_only=True) as trainer:
+        with pytest.raises(VowpalWabbitError, match="write-only"):
+            list(trainer.predict(*request(1, 3)))
+
+
+# ------------------------------------------------------------------ pools
+
+@pytest.mark.parametrize("pool_kind", ["threads", "asyncio"])
+@pytest.mark.parametrize("name", ["oaa", "oaa-probabilities", "cb_explore", "cb_explore_adf",
+                                  "cb_adf"])
+def test_pools_serve_the_kinds_exactly(name, pool_kind, tmp_path):
+    """Pools give the typed predictions of the kind, equal to the engine's,
+    from many callers at once; a multi-line example goes whole to one engine."""
+    import asyncio
+    import threading
+
+    from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
+
+    kind = KINDS[name]
+    model = _trained_file(name, tmp_path)
+    args = ["-i", model, "-t", "--quiet"] + kind.load_args
+    options = {"prediction_type": kind.prediction_type} if kind.prediction_type else {}
+    requests = [(100 + index, 1 + (index * 37) % 400) for index in range(12)]
+    expected = _expected_requests(name, model, requests, tmp_path)
+
+    def check(results):
+        for (index, size), got, want, engines in zip(requests, *results):
+            if kind.multi_line:
+                assert got == want and engines == 1
+            else:
+                assert got == want
+
+    if pool_kind == "threads":
+        with VowpalWabbitPool(FORMATTER, args, size=2, **options) as pool:
+            got, engines = [None] * len(requests), [0] * len(requests)
+
+            def call(position):
+                metrics = {}
+                got[position] = pool.predict(*request(*requests[position]), metrics=metrics)
+                engines[position] = metrics["engines"]
+
+            threads = [threading.Thread(target=call, args=(position,))
+                       for position in range(len(requests))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            check((got, expected, engines))
+    else:
+        async def main():
+            async with AsyncVowpalWabbitPool(FORMATTER, args, size=2, **options) as pool:
+                async def call(position):
+                    metrics = {}
+                    result = await pool.predict(*request(*requests[position]), metrics=metrics)
+                    return result, metrics["engines"]
+                pairs = await asyncio.gather(*(call(p) for p in range(len(requests))))
+                return [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+        got, engines = asyncio.run(main())
+        check((got, expected, engines))
+
+
+def test_a_reload_cannot_change_the_kind_of_model(tmp_path):
+    from subwabbit import VowpalWabbitPool
+    with VowpalWabbitPool(FORMATTER, ["--oaa", "3", "--quiet"], size=1) as pool:
+        with pytest.raises(ValueError, match="kind of model"):
+            pool.reload(["--quiet"])
+        assert pool.predict(*request(100, 3)) == [1, 1, 1]
+    with VowpalWabbitNonBlockingProcess(FORMATTER, ["--quiet"]) as model:
+        with pytest.raises(ValueError, match="kind of model"):
+            model.reload(["--cb_explore_adf", "--quiet"])
