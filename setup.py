@@ -32,7 +32,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5"],
         "docs": ["sphinx>=7", "furo>=2024.1.29"],
-        "bench": ["numpy>=1.23", "matplotlib>=3.6"],
+        "bench": ["numpy>=1.23", "pandas>=1.5", "matplotlib>=3.6"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
