@@ -26,7 +26,7 @@ from .engine.program import option_name
 from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
-from .lines import check_line
+from .lines import CheckedLines, check_lines, has_save_tag
 
 logger = logging.getLogger("subwabbit")
 
@@ -206,13 +206,17 @@ class ClientBase:
         """Format and check every labelled example before anything is sent."""
         items = list(items_features)
         labels = _take_along(labels, len(items), "labels")
-        weights = ([None] * len(items) if weights is None
-                   else _take_along(weights, len(items), "weights"))
+        weighted = weights is not None
+        weights = (_take_along(weights, len(items), "weights") if weighted
+                   else [None] * len(items))
+        # Plain ints and finite floats (inf - inf is nan) pass without a call,
+        # and print as str() prints them.
+        plain = True
         for index, label in enumerate(labels):
             kind = type(label)
-            # Plain ints and finite floats pass without a call (inf - inf is nan).
             if kind is not int and not (kind is float and label - label == 0.0):
                 _check_label(label, index)
+                plain = False
         for index, weight in enumerate(weights):
             if weight is not None:
                 _check_number(weight, f"weights[{index}]")
@@ -223,13 +227,18 @@ class ClientBase:
         parts = [formatter.format_item_features(common_features, item, debug_info=debug_info)
                  for item in items]
         check_item_parts(parts)
-        join = example_joiner(formatter) or partial(VowpalWabbitBaseFormatter.get_formatted_example,
-                                                    formatter)
-        lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
-                 for part, label, weight in zip(parts, labels, weights)]
-        for index, line in enumerate(lines):
-            check_line(line, index)
-        return lines
+        join = example_joiner(formatter)
+        if join is None and plain and not weighted:
+            # The default joining, inline: "LABEL COMMON ITEM".
+            middle = f" {common} "
+            lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
+            if _checked_by_parts(common, parts):
+                return lines
+        else:
+            join = join or partial(VowpalWabbitBaseFormatter.get_formatted_example, formatter)
+            lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
+                     for part, label, weight in zip(parts, labels, weights)]
+        return check_lines(lines)
 
     def _train_metrics(self) -> Optional[Dict[str, Any]]:
         """A metrics dict for a ``train`` call, when a hook will receive it."""
@@ -333,6 +342,18 @@ def _take_along(values: Any, count: int, what: str) -> List[Any]:
     if len(taken) < count:
         raise ValueError(f"{what} ran out after {len(taken)} of {count} items")
     return taken
+
+
+def _checked_by_parts(common: str, parts: List[str]) -> bool:
+    """Whether every line ``LABEL COMMON PART`` (a number label) is one example,
+    as far as its parts tell: ``common`` is checked already, no part breaks
+    the line, and ``common`` holds a ``|`` before which no tag starts with
+    ``save`` (so that no part can put a tag into a line's header). ``False``
+    leaves the decision to :func:`~subwabbit.lines.check_lines`."""
+    if "|" not in common or ("save" in common and has_save_tag(common)):
+        return False
+    flat = "".join(parts)
+    return "\n" not in flat and "\r" not in flat
 
 
 def _check_number(value: Any, what: str) -> None:
