@@ -4,7 +4,7 @@ import json
 import os
 import platform
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy
 
@@ -108,6 +108,51 @@ def _best(rates: Dict[str, Optional[float]]) -> Optional[str]:
     return max(measured, key=lambda name: measured[name]) if measured else None
 
 
+def engine_of(names: Sequence[str], default: str) -> Callable[[str, Dict[str, Any]], str]:
+    """A function that names a row's own engine: the one in parentheses at the
+    end of its name, the wheel's for pyvw (in this process), else ``default``."""
+    def own_engine(row: str, data: Dict[str, Any]) -> str:
+        for name in names:
+            if row.endswith(f"({name})"):
+                return name
+        return "wheel" if data.get("in_process") and "wheel" in names else default
+    return own_engine
+
+
+def summarize_training(training: Dict[str, Any], own_engine: Callable[[str, Dict[str, Any]], str]
+                       ) -> Tuple[Dict[str, Dict[str, Any]], Optional[str]]:
+    """The rows of the training table with their ratios, and the best engine alone.
+
+    :param training: ``results['training']`` (see :mod:`benchmarks.training`)
+    :param own_engine: the name of a row's own engine
+    """
+    train: Dict[str, Dict[str, Any]] = {}
+    for name, data in training["engines"].items():
+        train[engine_alone(name)] = dict(data)
+    for name, data in training["write_only_train"].items():
+        train[f"write-only train ({name})"] = dict(data)
+    if "lines_per_s" in training.get("subwabbit_2", {}):
+        train["subwabbit 2.1.0 train (vw)"] = dict(training["subwabbit_2"])
+    train["pyvw"] = dict(training["pyvw"], in_process=True)
+    best = _best({name: data["lines_per_s"] for name, data in training["engines"].items()})
+    for row, data in train.items():
+        data["vs_engine"] = _ratio(data["lines_per_s"],
+                                   training["engines"][own_engine(row, data)]["lines_per_s"])
+        data["vs_best_engine"] = (None if best is None else _ratio(
+            data["lines_per_s"], training["engines"][best]["lines_per_s"]))
+    return train, best
+
+
+def training_table(train: Dict[str, Dict[str, Any]]) -> str:
+    """The training table of :func:`summarize_training`'s rows."""
+    rows = [[name, _num(data["lines_per_s"]), _num(data.get("client_cpu_us_per_line"), 1),
+             _x(data["vs_engine"]), _x(data.get("median_round_vs_engine")),
+             _x(data["vs_best_engine"])]
+            for name, data in train.items()]
+    return simple_table(["trainer", "lines/s", "client µs/line", "vs engine",
+                         "round by round", "vs best engine"], rows)
+
+
 def summarize(results: Dict[str, Any]) -> None:
     """Add ``results['summary']``: statistics, ratios and targets.
 
@@ -120,12 +165,7 @@ def summarize(results: Dict[str, Any]) -> None:
     timeout = results["timeout"]["timeout_s"]
     default = results["engines"]["default"]
     names = [engine["name"] for engine in results["engines"]["engines"]]
-
-    def own_engine(row: str, data: Dict[str, Any]) -> str:
-        for name in names:
-            if row.endswith(f"({name})"):
-                return name
-        return "wheel" if data.get("in_process") and "wheel" in names else default
+    own_engine = engine_of(names, default)
 
     lines: Dict[str, Dict[str, Any]] = {}
     walls: Dict[str, Dict[str, Any]] = {}
@@ -162,20 +202,7 @@ def summarize(results: Dict[str, Any]) -> None:
             summary["lines_per_s"], throughput[engine_alone(best_throughput)]["lines_per_s"]))
 
     training = results["training"]
-    train: Dict[str, Dict[str, Any]] = {}
-    for name, data in training["engines"].items():
-        train[engine_alone(name)] = dict(data)
-    for name, data in training["write_only_train"].items():
-        train[f"write-only train ({name})"] = dict(data)
-    if "lines_per_s" in training.get("subwabbit_2", {}):
-        train["subwabbit 2.1.0 train (vw)"] = dict(training["subwabbit_2"])
-    train["pyvw"] = dict(training["pyvw"], in_process=True)
-    best_training = _best({name: training["engines"][name]["lines_per_s"] for name in names})
-    for row, data in train.items():
-        data["vs_engine"] = _ratio(data["lines_per_s"],
-                                   training["engines"][own_engine(row, data)]["lines_per_s"])
-        data["vs_best_engine"] = (None if best_training is None else _ratio(
-            data["lines_per_s"], training["engines"][best_training]["lines_per_s"]))
+    train, best_training = summarize_training(training, own_engine)
 
     deadline = timeout * 1000
     measured: Dict[str, Any] = {
@@ -349,11 +376,10 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
                f"{training['rounds']} rounds; write-only train: train() calls and close(), "
                "minus an idle close(); engine alone: ``ENGINE -d FILE -f MODEL``, start-up "
                f"subtracted; best engine: {best['training'] or '-'})")
-    rows = [[name, _num(data["lines_per_s"]), _num(data.get("client_cpu_us_per_line"), 1),
-             _x(data["vs_engine"]), _x(data["vs_best_engine"])]
-            for name, data in summary["training"].items()]
-    out.append(simple_table(["trainer", "lines/s", "client µs/line", "vs engine",
-                             "vs best engine"], rows))
+    out.append(training_table(summary["training"]))
+    out.append("vs engine: the best round against the best round of its engine alone reading "
+               "the file; round by round: the median of the ratios of the same round (which "
+               "varies less on a noisy machine).")
     skipped = training.get("subwabbit_2", {}).get("skipped")
     if skipped:
         out.append(f"subwabbit 2.1.0 was not measured: {skipped}.")

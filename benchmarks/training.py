@@ -15,6 +15,7 @@ every contender then loads.
 """
 
 import os
+import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -88,15 +89,23 @@ class Training:
                 except RuntimeError as exc:
                     self.legacy_reason = str(exc)
         best: Dict[str, Dict[str, Any]] = {}
+        # Rates round by round, each trainer's beside its engine alone's in the
+        # same round: on a noisy machine their ratio varies less than the best of each.
+        per_round: Dict[str, List[Optional[float]]] = {}
 
         def keep(name: str, result: Dict[str, Any]) -> None:
+            per_round.setdefault(name, []).append(result["lines_per_s"])
             if name not in best or (result["lines_per_s"] or 0.0) > (
                     best[name]["lines_per_s"] or 0.0):
                 best[name] = result
 
         for round_index in range(rounds):
             for engine in self.engines:
-                files[engine.name].run()
+                runs = files[engine.name]
+                runs.run()
+                seconds = runs.full_runs[-1][0] - runs.one_runs[-1][0]
+                per_round.setdefault(engine_alone(engine.name), []).append(
+                    (runs.lines - 1) / seconds if seconds > 0 else None)
                 model = (self.model_path if round_index == 0 and engine is self.engines[0]
                          else os.path.join(self.workdir, f"model-{engine.name}-{round_index}.vw"))
                 keep(write_only(engine.name), self._write_only_train(engine, model, round_index))
@@ -109,7 +118,14 @@ class Training:
             "write_only_train": {engine.name: best[write_only(engine.name)]
                                  for engine in self.engines},
             "pyvw": best["pyvw"],
-            "subwabbit_2": best.get(SUBWABBIT_2, {"skipped": self.legacy_reason})}
+            "subwabbit_2": best.get(SUBWABBIT_2, {"skipped": self.legacy_reason}),
+            "per_round_lines_per_s": per_round}
+        for engine in self.engines:
+            results["write_only_train"][engine.name]["median_round_vs_engine"] = median_ratio(
+                per_round[write_only(engine.name)], per_round[engine_alone(engine.name)])
+        if SUBWABBIT_2 in per_round and executable is not None:
+            results["subwabbit_2"]["median_round_vs_engine"] = median_ratio(
+                per_round[SUBWABBIT_2], per_round[engine_alone(executable.name)])
         figures = [f"{engine_alone(name)} {_rate(data['lines_per_s'])}"
                    for name, data in results["engines"].items()]
         figures += [f"{write_only(name)} {_rate(data['lines_per_s'])}"
@@ -183,5 +199,64 @@ class Training:
                                "wall_s": call_s})
 
 
+def median_ratio(values: Sequence[Optional[float]],
+                 references: Sequence[Optional[float]]) -> Optional[float]:
+    """The median of ``value / reference`` over the rounds where both were measured."""
+    ratios = [value / reference for value, reference in zip(values, references)
+              if value and reference]
+    return statistics.median(ratios) if ratios else None
+
+
 def _rate(lines_per_s: Optional[float]) -> str:
     return "unmeasured" if lines_per_s is None else f"{lines_per_s:,.0f}"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m benchmarks.training``: the main benchmark's training
+    measurement alone, with more rounds if wanted."""
+    # pylint: disable=import-outside-toplevel
+    import argparse
+    import tempfile
+
+    from .engines import choose_engines, find_executable
+    from .report import engine_of, summarize_training, training_table
+    from .workload import Workload
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.training",
+        description="Training throughput of the main benchmark's workload alone: each engine "
+                    "reading the labelled lines from a file, the write-only train on each "
+                    "engine, subwabbit 2.1.0 (with a vw executable) and pyvw, in turns.")
+    parser.add_argument("--lines", type=int, default=100_000, help="labelled lines (default 100000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--vw-executable", default="", metavar="PATH",
+                        help="a vw 9.x executable to measure beside the wheel's engine")
+    parser.add_argument("--no-subwabbit-2", action="store_true",
+                        help="do not install and measure subwabbit 2.1.0")
+    options = parser.parse_args(argv)
+    if options.vw_executable:
+        try:
+            options.vw_executable = find_executable(options.vw_executable)
+        except ValueError as exc:
+            parser.error(f"--vw-executable: {exc}")
+    default, engines, note = choose_engines(options.vw_executable)
+    print(note)
+    formatter = RecommenderFormatter()
+    # The main benchmark's workload (1,000 requests of 3,000 items, seed 2024)
+    # and its pretraining batches.
+    workload = Workload(1000, 3000, 2024)
+    with tempfile.TemporaryDirectory(prefix="subwabbit-training-") as workdir:
+        training = Training(formatter, workload.training_batches(options.lines), engines, workdir,
+                            os.path.join(workdir, "model.vw"),
+                            {"requests": 1000, "items": 3000, "seed": 2024},
+                            "--no-subwabbit-2 was given" if options.no_subwabbit_2 else "")
+        results = training.run(options.rounds, print)
+    rows, _ = summarize_training(results, engine_of([engine.name for engine in engines],
+                                                    default.name))
+    print(training_table(rows))
+    if "skipped" in results["subwabbit_2"]:
+        print(f"subwabbit {legacy.VERSION} was not measured: {results['subwabbit_2']['skipped']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,6 +42,8 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert list(blocking["predictions"]) == results["timeout"]["contenders"]["blocking"]["lines"]
     assert (blocking["over_deadline_s"] - (blocking["wall_s"] - 0.010)).abs().max() < 1e-12
     assert set(calls[calls["phase"] == "train"]["contender"]) == {"write-only train (wheel)"}
+    assert len(calls[calls["phase"] == "train"]) == 20_000 // 500  # --quick: one round
+    assert results["training"]["write_only_train"]["wheel"]["median_round_vs_engine"] > 0
 
     # the summary tables again, in the layout of the 2.x documentation
     assert "layout of subwabbit 2.x's documentation" in text
@@ -60,6 +62,15 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert "No vw executable was given" in text
     assert "subwabbit 2.1.0 was not measured" in text
     assert results["training"]["subwabbit_2"]["skipped"]
+
+
+def test_training_benchmark_runs_alone():
+    output = run_module("benchmarks.training", "--lines", "2000", "--rounds", "1",
+                        "--no-subwabbit-2")
+    for row in ("engine alone (wheel)", "write-only train (wheel)", "pyvw"):
+        assert f"\n{row} " in output, output
+    assert "round by round" in output
+    assert "subwabbit 2.1.0 was not measured: --no-subwabbit-2 was given" in output
 
 
 def test_soak_finds_no_wrong_prediction(tmp_path):
