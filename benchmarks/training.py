@@ -32,6 +32,7 @@ Batch = Tuple[Any, List[Any], List[int]]
 
 
 def write_only(name: str) -> str:
+    """The name of the write-only train's row on an engine."""
     return f"write-only train ({name})"
 
 
