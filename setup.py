@@ -35,7 +35,7 @@ setup(
         "prometheus": ["prometheus_client>=0.17"],
         "service": ["fastapi>=0.100", "uvicorn>=0.23", "prometheus_client>=0.17"],
         "docs": ["sphinx>=7", "furo>=2024.1.29"],
-        "bench": ["numpy>=1.23", "matplotlib>=3.6"],
+        "bench": ["numpy>=1.23", "pandas>=1.5", "matplotlib>=3.6"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -2,16 +2,24 @@
 classes, and the engine alone, side by side.
 
 Run from a checkout: ``python -m benchmarks`` (``--quick`` for a smoke run,
-``--help`` for the options). Results go to ``benchmarks/results/``:
-``results.json``, ``results.rst`` and two plots.
+``--help`` for the options). The results go to a new folder outside the
+source tree, ``subwabbit-benchmark-DATE-TIME`` in the system's temporary
+folder, unless ``--out DIR`` names one; the run prints where. It writes
+``results.rst`` (the report), ``results.json`` (every measurement and
+summary), ``calls.csv.gz`` (one row per timed call, see
+:mod:`benchmarks.calls`) and two plots. The report committed with the code in
+``benchmarks/results/`` is refreshed only on purpose, with
+``--out benchmarks/results``.
 
 What is measured, in this order (each measurement takes turns between the
 contenders and the engine alone, so that a change of load on the machine
 hits all of them alike):
 
-1. Training: the pretraining's labelled lines, learnt by the engine from a
-   file, by ``VowpalWabbitProcess(write_only=True).train`` (which writes the
-   model every contender then loads) and by pyvw. Best of a few rounds.
+1. Training (:mod:`benchmarks.training`): the pretraining's labelled lines,
+   learnt by each engine from a file, by ``VowpalWabbitProcess(write_only=True).train``
+   on each engine (the default engine's writes the model every contender
+   then loads), by subwabbit 2.1.0 where it can run, and by pyvw. Best of a
+   few rounds.
 2. Correctness: every contender's predictions for the first requests equal
    the engine's (the engine reading the same lines from a file with
    ``-t -i model -p``).
@@ -19,11 +27,15 @@ hits all of them alike):
    ``pyvw`` contender, the fastest public-API one ``pyvw-public``.
 4. ``timeout=0.010`` on every request, in blocks of requests: predictions
    returned and wall time per contender, CPU used by the client, by its
-   engine and by the rest of the machine; and the engine alone on a sample
+   engine and by the rest of the machine; and each engine alone on a sample
    of each block's requests (see :mod:`benchmarks.limit`).
-5. Throughput without a timeout, best of a few rounds, and the engine alone
-   on the same lines from a file.
+5. Throughput without a timeout, best of a few rounds, and each engine alone
+   on the same lines from a file and on stdin.
 6. Where the time goes: ``detailed_metrics`` of the two subwabbit classes.
+
+The model classes run on the engine subwabbit chooses by itself (the
+wheel's, after a plain ``pip install``); ``--vw-executable PATH`` adds a vw
+executable's rows beside the wheel engine's (see :mod:`benchmarks.engines`).
 
 The garbage collector is treated alike for all: a full collection and
 ``gc.freeze()`` after the set-up, then it runs as it would in a service.
@@ -38,20 +50,29 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Set
 
-from subwabbit import VowpalWabbitProcess
 from subwabbit.command import ENGINE_ENV_VAR
 from subwabbit.engine.program import DRIVER_ENV_VAR
 
 from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender,
                          nonblocking_contender, pyvw_contender)
 from .cpu import children_cpu_seconds, machine_busy_seconds, process_cpu_seconds
-from .limit import FileRuns, engine_command, file_predictions, per_request_rates
+from .engines import Engine, choose_engines, find_executable
+from .limit import FileRuns, file_predictions, per_request_rates
 from .pauses import machine_pauses
-from .report import ENGINE, ENGINE_STDIN, machine_info, summarize, write_outputs
-from .workload import RecommenderFormatter, Workload, prediction_args, training_args
+from .report import engine_alone, engine_stdin, machine_info, summarize, write_outputs
+from .training import Training
+from .workload import RecommenderFormatter, Workload, prediction_args
 
 ALL_CONTENDERS = ("pyvw", "pyvw-public", "blocking", "nonblocking")
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: The folder of the report committed with the code (refreshed only on purpose).
+COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def default_out_dir() -> str:
+    """A new folder outside the source tree: ``subwabbit-benchmark-DATE-TIME``
+    in the system's temporary folder."""
+    return os.path.join(tempfile.gettempdir(),
+                        "subwabbit-benchmark-" + time.strftime("%Y%m%d-%H%M%S"))
 
 
 def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -96,7 +117,17 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--pause-probe", type=float, default=4.0,
                         help="seconds of busy loop, half before and half after the timeout "
                              "pass, that measure the machine's own pauses (default 4)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: a new subwabbit-benchmark-DATE-TIME folder "
+                             f"in {tempfile.gettempdir()}); the report committed with the code is "
+                             "refreshed with --out benchmarks/results")
+    parser.add_argument("--vw-executable", default="", metavar="PATH",
+                        help="a vw 9.x executable to measure beside the wheel's engine: the "
+                             "engine alone on both, the write-only train on both and subwabbit "
+                             "2.1.0 (which needs one); the classes still run on the engine "
+                             "subwabbit chooses by itself")
+    parser.add_argument("--no-subwabbit-2", action="store_true",
+                        help="do not install and measure subwabbit 2.1.0's training")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run in well under a minute (small sizes; overrides them)")
@@ -114,6 +145,13 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"unknown contenders: {', '.join(sorted(unknown))}")
     if options.timeout <= 0:
         parser.error("--timeout must be positive")
+    if options.out is None:
+        options.out = default_out_dir()
+    if options.vw_executable:
+        try:
+            options.vw_executable = find_executable(options.vw_executable)
+        except ValueError as exc:
+            parser.error(f"--vw-executable: {exc}")
     for name in ("requests", "items", "train_lines", "train_rounds", "throughput_requests",
                  "rounds", "engine_requests", "check_requests", "breakdown_requests", "block"):
         if getattr(options, name) < 1:
@@ -143,10 +181,20 @@ class Benchmark:
         self.results: Dict[str, Any] = {}
         self.formatter = RecommenderFormatter()
         self.model_path = os.path.join(workdir, "model.vw")
-        self.engine_model = os.path.join(workdir, "model-engine.vw")
         self.contenders: Dict[str, Contender] = {}
         self.pyvw: Optional[PyvwRunner] = None
-        self.command = engine_command(options.engine_cpus)
+        default, engines, note = choose_engines(options.vw_executable, options.engine_cpus)
+        #: the engine the classes run on, and every engine measured alone (default first)
+        self.default: Engine = default
+        self.engines: List[Engine] = engines
+        self.command = default.command
+        self.engine_model = ""
+        #: one row per timed call (see benchmarks.calls)
+        self.calls: List[Dict[str, Any]] = []
+        self.results["engines"] = {
+            "default": default.name, "note": note,
+            "engines": [{"name": engine.name, "description": engine.description,
+                         "command": engine.command} for engine in engines]}
 
     # ------------------------------------------------------------ set-up
 
@@ -163,69 +211,17 @@ class Benchmark:
             "mean_line_bytes": None}
 
     def train(self) -> None:
-        """Pretrain with the write-only train; the engine alone and pyvw learn
-        the same labelled lines. Best of ``--train-rounds`` rounds each."""
-        batches = self.workload.training_batches(self.options.train_lines)
-        labelled: List[str] = []
-        for request, items, labels in batches:
-            labelled += self.formatter.lines(request, items, labels)
-        engine = FileRuns(self.command, training_args(self.engine_model), labelled, self.workdir,
-                          "training", predictions=False)
-        best: Dict[str, Dict[str, Any]] = {}
-        for round_index in range(self.options.train_rounds):
-            engine.run()
-            model = self.model_path if round_index == 0 else os.path.join(
-                self.workdir, f"model-{round_index}.vw")
-            for name, result in (("write_only_train", self._write_only_train(batches, model)),
-                                 ("pyvw", self._pyvw_learn(labelled))):
-                if name not in best or (result["lines_per_s"] or 0.0) > (
-                        best[name]["lines_per_s"] or 0.0):
-                    best[name] = result
-        training: Dict[str, Any] = {"lines": len(labelled), "args": training_args("MODEL"),
-                                    "rounds": self.options.train_rounds,
-                                    "engine": engine.result(), **best}
-        self.results["training"] = training
-        log("training: " + ", ".join(f"{name} {_rate(training[name]['lines_per_s'])}"
-                                     for name in ("engine", "write_only_train", "pyvw"))
-            + " lines/s")
-
-    def _write_only_train(self, batches: List[Any], model: str) -> Dict[str, Any]:
-        """The library's write-only train of ``batches``, writing ``model``."""
-        fmt, lines = self.formatter, sum(len(labels) for _, _, labels in batches)
-        # An idle write-only process's close(): the shutdown that the
-        # engine-alone figure has subtracted too.
-        idle = VowpalWabbitProcess(fmt, training_args(os.path.join(self.workdir, "model-idle.vw")),
-                                   write_only=True, vw_command=self.command)
-        began = time.perf_counter()
-        idle.close()
-        close_idle = time.perf_counter() - began
-        process = VowpalWabbitProcess(fmt, training_args(model), write_only=True,
-                                      vw_command=self.command)
-        cpu = time.process_time()
-        began = time.perf_counter()
-        for request, items, labels in batches:
-            process.train(request, items, labels, [None] * len(labels))
-        sent = time.perf_counter() - began
-        process.close()
-        elapsed = time.perf_counter() - began
-        seconds = elapsed - close_idle
-        return {"lines": lines, "train_calls_s": sent, "until_closed_s": elapsed,
-                "idle_close_s": close_idle, "seconds": seconds,
-                # An idle close() slower than the whole run: noise beyond the work.
-                "lines_per_s": lines / seconds if seconds > 0 else None,
-                "client_cpu_us_per_line": (time.process_time() - cpu) / lines * 1e6,
-                "method": "train() calls and close(), minus the close() of an idle write-only "
-                          "process"}
-
-    def _pyvw_learn(self, labelled: List[str]) -> Dict[str, Any]:
-        learner = PyvwRunner(self.formatter,
-                             training_args(os.path.join(self.workdir, "model-pyvw.vw")))
-        began = time.perf_counter()
-        learner.learn_lines(labelled)
-        seconds = time.perf_counter() - began
-        learner.close()
-        return {"lines": len(labelled), "seconds": seconds, "lines_per_s": len(labelled) / seconds,
-                "method": "Workspace._parse + pylibvw.vw.learn + _finish_example per line"}
+        """Pretrain with the write-only train, beside the other trainers (see
+        :mod:`benchmarks.training`)."""
+        options = self.options
+        training = Training(
+            self.formatter, self.workload.training_batches(options.train_lines), self.engines,
+            self.workdir, self.model_path,
+            {"requests": options.requests, "items": options.items, "seed": options.seed},
+            legacy_reason="--no-subwabbit-2 was given" if options.no_subwabbit_2 else "")
+        self.results["training"] = training.run(options.train_rounds, log)
+        self.calls += training.calls
+        self.engine_model = training.engine_model(self.default)
 
     def start_contenders(self) -> None:
         options = self.options
@@ -337,7 +333,7 @@ class Benchmark:
         return sorted({int(index * step) for index in range(count)})
 
     def timeout_pass(self) -> None:
-        """Every request through every contender with the timeout, and the
+        """Every request through every contender with the timeout, and each
         engine alone on the sampled requests, taking turns block by block."""
         options, workload = self.options, self.workload
         data: Dict[str, Dict[str, Any]] = {
@@ -346,15 +342,19 @@ class Benchmark:
                    "in_process": contender.engine_pid is None}
             for name, contender in self.contenders.items()}
         sample = set(self._engine_sample())
-        engine: Dict[str, Any] = {"requests": [], "seconds": [], "lines": [], "other_cpu_s": 0.0,
-                                  "elapsed_s": 0.0}
+        engines = {engine_alone(engine.name): engine for engine in self.engines}
+        alone: Dict[str, Dict[str, Any]] = {
+            engine.name: {"requests": [], "seconds": [], "lines": [], "other_cpu_s": 0.0,
+                          "elapsed_s": 0.0} for engine in self.engines}
         for turn, start in enumerate(range(0, len(workload), options.block)):
             indices = list(range(start, min(start + options.block, len(workload))))
-            for name in rotated(list(self.contenders) + [ENGINE], turn):
-                if name == ENGINE:
-                    self._engine_turn([index for index in indices if index in sample], engine)
+            for name in rotated(list(self.contenders) + list(engines), turn):
+                if name in engines:
+                    engine = engines[name]
+                    self._engine_turn(engine, [index for index in indices if index in sample],
+                                      alone[engine.name], turn)
                 else:
-                    self._contender_turn(self.contenders[name], indices, data[name])
+                    self._contender_turn(self.contenders[name], indices, data[name], turn)
             if (indices[-1] + 1) * 4 // len(workload) > indices[0] * 4 // len(workload):
                 log(f"timeout pass: {indices[-1] + 1}/{len(workload)} requests")
         for record in data.values():
@@ -362,45 +362,58 @@ class Benchmark:
             record["client_cpu_us_per_line"] = record["client_cpu_s"] / total * 1e6
             record["engine_cpu_us_per_line"] = record["engine_cpu_s"] / total * 1e6
             record["other_load_cores"] = record["other_cpu_s"] / record["elapsed_s"]
-        engine["other_load_cores"] = engine["other_cpu_s"] / max(engine["elapsed_s"], 1e-9)
-        engine["lines_per_s"] = (sum(len(workload.candidates[index])
-                                     for index in engine["requests"]) / sum(engine["seconds"]))
-        engine["method"] = (
-            "per block of requests, one engine reads the block's sampled requests from a file "
-            "(after a warm-up request) and writes its predictions to a pipe, read every 2 ms "
-            "and stamped evenly in between; a request's time runs from the last prediction of "
-            "the request before it to its own last; lines within the timeout = "
-            "min(n, n * timeout / time)")
+        for record in alone.values():
+            record["other_load_cores"] = record["other_cpu_s"] / max(record["elapsed_s"], 1e-9)
+            record["lines_per_s"] = (sum(len(workload.candidates[index])
+                                         for index in record["requests"])
+                                     / sum(record["seconds"]))
+            record["method"] = (
+                "per block of requests, one engine reads the block's sampled requests from a "
+                "file (after a warm-up request) and writes its predictions to a pipe, read every "
+                "2 ms and stamped evenly in between; a request's time runs from the last "
+                "prediction of the request before it to its own last; lines within the timeout "
+                "= min(n, n * timeout / time)")
         self.results["timeout"] = {"timeout_s": options.timeout, "block": options.block,
                                    "contenders": data}
-        self.results["engine_per_request"] = engine
-        log(f"engine alone per request: {len(engine['lines'])} requests, mean "
-            f"{sum(engine['lines']) / len(engine['lines']):,.0f} lines within "
-            f"{options.timeout * 1000:g} ms")
+        self.results["engine_per_request"] = alone
+        log("engine alone per request: " + ", ".join(
+            f"{name} {sum(record['lines']) / len(record['lines']):,.0f}"
+            for name, record in alone.items())
+            + f" lines within {options.timeout * 1000:g} ms on average")
 
     def _contender_turn(self, contender: Contender, indices: List[int],
-                        record: Dict[str, Any]) -> None:
+                        record: Dict[str, Any], turn: int) -> None:
         """One contender's turn in the timeout pass."""
         predict, timeout = contender.predict, self.options.timeout
         block = self.workload.pairs(indices)
         clock = time.perf_counter
+        walls: List[float] = []
+        counts: List[int] = []
         busy, cpu, engine_cpu = (machine_busy_seconds(), time.process_time(),
                                  process_cpu_seconds(contender.engine_pid))
         began = clock()
         for request, items in block:
             called = clock()
             count = len(predict(request, items, timeout))
-            record["wall_s"].append(clock() - called)
-            record["lines"].append(count)
+            walls.append(clock() - called)
+            counts.append(count)
         record["elapsed_s"] += clock() - began
         client = time.process_time() - cpu
         engine_used = process_cpu_seconds(contender.engine_pid) - engine_cpu
         record["client_cpu_s"] += client
         record["engine_cpu_s"] += engine_used
         record["other_cpu_s"] += machine_busy_seconds() - busy - client - engine_used
+        record["wall_s"] += walls
+        record["lines"] += counts
+        engine = "" if contender.engine_pid is None else self.default.name
+        for index, wall, count in zip(indices, walls, counts):
+            self.calls.append({"phase": "timeout", "contender": contender.name, "engine": engine,
+                               "round": turn, "request": index, "items": len(block[0][1]),
+                               "predictions": count, "wall_s": wall, "timeout_s": timeout})
 
-    def _engine_turn(self, sampled: List[int], record: Dict[str, Any]) -> None:
-        """The engine alone's turn in the timeout pass: the sampled requests of a block."""
+    def _engine_turn(self, engine: Engine, sampled: List[int], record: Dict[str, Any],
+                     turn: int) -> None:
+        """An engine alone's turn in the timeout pass: the sampled requests of a block."""
         if not sampled:
             return
         workload, timeout = self.workload, self.options.timeout
@@ -409,15 +422,21 @@ class Benchmark:
                           for request, items in workload.pairs([warm] + sampled)]
         busy, cpu, children = machine_busy_seconds(), time.process_time(), children_cpu_seconds()
         began = time.perf_counter()
-        durations = per_request_rates(self.command, prediction_args(self.model_path),
+        durations = per_request_rates(engine.command, prediction_args(self.model_path),
                                       requests_lines, self.workdir)
         record["elapsed_s"] += time.perf_counter() - began
         ours = time.process_time() - cpu + children_cpu_seconds() - children
         record["other_cpu_s"] += machine_busy_seconds() - busy - ours
+        within = [min(len(lines), int(len(lines) * timeout / seconds))
+                  for lines, seconds in zip(requests_lines[1:], durations)]
         record["requests"] += sampled
         record["seconds"] += durations
-        record["lines"] += [min(len(lines), int(len(lines) * timeout / seconds))
-                            for lines, seconds in zip(requests_lines[1:], durations)]
+        record["lines"] += within
+        for index, lines, seconds, count in zip(sampled, requests_lines[1:], durations, within):
+            self.calls.append({"phase": "timeout", "contender": engine_alone(engine.name),
+                               "engine": engine.name, "round": turn, "request": index,
+                               "items": len(lines), "predictions": count, "engine_s": seconds,
+                               "timeout_s": timeout})
 
     def record_pauses(self, before: Dict[str, Any], after: Dict[str, Any]) -> None:
         """The machine's own pauses, measured around the timeout pass."""
@@ -429,35 +448,52 @@ class Benchmark:
             "method": before["method"] + ", half before and half after the timeout pass"}
 
     def throughput_pass(self) -> None:
-        """Without a timeout: best of a few rounds per contender and for the
-        engine alone on the same lines from a file, taking turns."""
+        """Without a timeout: best of a few rounds per contender and for each
+        engine alone on the same lines from a file and on stdin, taking turns."""
         options, workload = self.options, self.workload
-        pairs = workload.pairs(range(min(options.throughput_requests, len(workload))))
+        indices = list(range(min(options.throughput_requests, len(workload))))
+        pairs = workload.pairs(indices)
         total = sum(len(items) for _, items in pairs)
         lines: List[str] = []
         for request, items in pairs:
             lines += self.formatter.lines(request, items)
         self.results["workload"]["mean_line_bytes"] = (sum(len(line) + 1 for line in lines)
                                                        / len(lines))
-        engine = FileRuns(self.command, prediction_args(self.model_path), lines, self.workdir,
-                          "throughput", predictions=True)
-        engine_stdin = FileRuns(self.command, prediction_args(self.model_path), lines,
-                                self.workdir, "throughput-stdin", predictions=True, via_stdin=True)
+        args = prediction_args(self.model_path)
+        runs: Dict[str, FileRuns] = {}
+        for engine in self.engines:
+            runs[engine_alone(engine.name)] = FileRuns(
+                engine.command, args, lines, self.workdir, f"throughput-{engine.name}",
+                predictions=True)
+            runs[engine_stdin(engine.name)] = FileRuns(
+                engine.command, args, lines, self.workdir, f"throughput-stdin-{engine.name}",
+                predictions=True, via_stdin=True)
         del lines
+        clock = time.perf_counter
         best: Dict[str, Dict[str, float]] = {}
         for round_index in range(options.rounds):
-            for name in rotated(list(self.contenders) + [ENGINE, ENGINE_STDIN], round_index):
-                if name in (ENGINE, ENGINE_STDIN):
-                    (engine if name == ENGINE else engine_stdin).run()
+            for name in rotated(list(self.contenders) + list(runs), round_index):
+                if name in runs:
+                    runs[name].run()
                     continue
                 contender = self.contenders[name]
+                walls: List[float] = []
+                counts: List[int] = []
                 cpu, engine_cpu = time.process_time(), process_cpu_seconds(contender.engine_pid)
-                began = time.perf_counter()
-                count = sum(len(contender.predict(request, items, None))
-                            for request, items in pairs)
-                seconds = time.perf_counter() - began
+                began = clock()
+                for request, items in pairs:
+                    called = clock()
+                    counts.append(len(contender.predict(request, items, None)))
+                    walls.append(clock() - called)
+                seconds = clock() - began
+                count = sum(counts)
                 if count != total:
                     raise RuntimeError(f"{name} returned {count} predictions for {total} lines")
+                engine = "" if contender.engine_pid is None else self.default.name
+                for index, wall, got in zip(indices, walls, counts):
+                    self.calls.append({"phase": "throughput", "contender": name,
+                                       "engine": engine, "round": round_index, "request": index,
+                                       "items": got, "predictions": got, "wall_s": wall})
                 rate = count / seconds
                 if rate > best.get(name, {}).get("lines_per_s", 0.0):
                     best[name] = {
@@ -466,33 +502,42 @@ class Benchmark:
                         "client_cpu_us_per_line": (time.process_time() - cpu) / count * 1e6,
                         "engine_cpu_us_per_line":
                             (process_cpu_seconds(contender.engine_pid) - engine_cpu) / count * 1e6}
-        throughput = {"requests": len(pairs), "rounds": options.rounds, "contenders": best,
-                      "engine": engine.result(), "engine_stdin": engine_stdin.result()}
-        self.results["throughput"] = throughput
-        log("throughput: " + ", ".join(f"{name} {_rate(data['lines_per_s'])}"
-                                        for name, data in best.items())
-            + f", engine alone {_rate(throughput['engine']['lines_per_s'])}"
-            + f", engine alone on stdin {_rate(throughput['engine_stdin']['lines_per_s'])} lines/s")
+        engines = {engine.name: {"file": runs[engine_alone(engine.name)].result(),
+                                 "stdin": runs[engine_stdin(engine.name)].result()}
+                   for engine in self.engines}
+        self.results["throughput"] = {"requests": len(pairs), "rounds": options.rounds,
+                                      "contenders": best, "engines": engines}
+        log("throughput: " + ", ".join(
+            [f"{name} {_rate(data['lines_per_s'])}" for name, data in best.items()]
+            + [f"{name} {_rate(run.result()['lines_per_s'])}" for name, run in runs.items()])
+            + " lines/s")
 
     def breakdown(self) -> None:
         """Where a subwabbit call spends its time, from ``detailed_metrics``."""
         options, workload = self.options, self.workload
-        pairs = workload.pairs(range(min(options.breakdown_requests, len(workload))))
+        indices = list(range(min(options.breakdown_requests, len(workload))))
         found: Dict[str, Any] = {}
         for name, contender in self.contenders.items():
             if contender.model is None:
                 continue
             calls = []
-            for request, items in pairs:
+            for index, (request, items) in zip(indices, workload.pairs(indices)):
                 metrics: Dict[str, Any] = {}
                 detailed: Dict[str, Any] = {}
                 list(contender.model.predict(request, items, timeout=options.timeout,
                                              metrics=metrics, detailed_metrics=detailed))
-                calls.append((metrics, {key: sum(value for _, value in series)
-                                        for key, series in detailed.items()
-                                        if key.endswith("_time")}))
+                sums = {key: sum(value for _, value in series)
+                        for key, series in detailed.items() if key.endswith("_time")}
+                calls.append((metrics, sums))
+                self.calls.append({
+                    "phase": "breakdown", "contender": name, "engine": self.default.name,
+                    "round": 0, "request": index, "items": len(items),
+                    "predictions": metrics["num_lines"], "wall_s": metrics["total_time"],
+                    "timeout_s": options.timeout,
+                    **{key[:-len("_time")] + "_s": value for key, value in sums.items()},
+                    "cleanup_s": metrics.get("cleanup_time")})
             found[name] = summarize_breakdown(calls)
-        self.results["breakdown"] = {"requests": len(pairs), "contenders": found}
+        self.results["breakdown"] = {"requests": len(indices), "contenders": found}
 
 
 def summarize_breakdown(calls: List[Any]) -> Dict[str, float]:
@@ -530,7 +575,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     gc.collect()
     with tempfile.TemporaryDirectory(prefix="subwabbit-bench-") as workdir:
         bench = Benchmark(options, workdir)
-        log(f"{command}: engine {' '.join(bench.command)}")
+        log(f"{command}: the classes run on {bench.default.description}; results go to "
+            f"{options.out}")
         bench.results["machine_before"] = machine_before
         try:
             bench.build_workload()
@@ -562,10 +608,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     results["contender_settings"] = {name: contender.settings
                                      for name, contender in bench.contenders.items()}
     summarize(results)
-    text = write_outputs(results, options.out, plots=not options.no_plots)
+    text = write_outputs(results, options.out, bench.calls, plots=not options.no_plots)
     print()
     print(text)
     log(f"done in {results['duration_s']:.0f} s; results in {options.out}")
+    if os.path.abspath(options.out) == COMMITTED_OUT:
+        log("this run replaced the report committed with the code (benchmarks/results)")
 
 
 def rotated(names: List[str], turn: int) -> List[str]:

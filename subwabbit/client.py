@@ -27,7 +27,7 @@ from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import LABEL_STRINGS, SCALAR, PredictionKind, choose_kind
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
-from .lines import check_line, encode_example
+from .lines import CheckedLines, check_lines, encode_example, has_save_tag
 
 logger = logging.getLogger("subwabbit")
 
@@ -283,8 +283,9 @@ class ClientBase:
         """
         items = list(items_features)
         labels = _take_along(labels, len(items), "labels")
-        weights = ([None] * len(items) if weights is None
-                   else _take_along(weights, len(items), "weights"))
+        weighted = weights is not None
+        weights = (_take_along(weights, len(items), "weights") if weighted
+                   else [None] * len(items))
         kind = self.prediction_kind
         labels = kind.check_labels(labels)
         kind.check_weights(weights)
@@ -299,13 +300,20 @@ class ClientBase:
             lines = kind.example_lines(common, parts, labels)
             encode_example(lines)  # checks that the lines make exactly one example
             return lines
-        join = example_joiner(formatter) or partial(VowpalWabbitBaseFormatter.get_formatted_example,
-                                                    formatter)
-        lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
-                 for part, label, weight in zip(parts, labels, weights)]
-        for index, line in enumerate(lines):
-            check_line(line, index)
-        return lines
+        join = example_joiner(formatter)
+        if join is None and not weighted and all(type(label) in _PLAIN_LABELS
+                                                 for label in labels):
+            # The default joining, inline: "LABEL COMMON ITEM" (plain numbers
+            # print as str() prints them, as get_formatted_example does).
+            middle = f" {common} "
+            lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
+            if _checked_by_parts(common, parts):
+                return lines
+        else:
+            join = join or partial(VowpalWabbitBaseFormatter.get_formatted_example, formatter)
+            lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
+                     for part, label, weight in zip(parts, labels, weights)]
+        return check_lines(lines)
 
     def _train_metrics(self) -> Optional[Dict[str, Any]]:
         """A metrics dict for a ``train`` call, when a hook will receive it."""
@@ -409,3 +417,19 @@ def _take_along(values: Any, count: int, what: str) -> List[Any]:
     if len(taken) < count:
         raise ValueError(f"{what} ran out after {len(taken)} of {count} items")
     return taken
+
+
+#: Label types whose text is str(label): the fast path of training lines.
+_PLAIN_LABELS = (int, float)
+
+
+def _checked_by_parts(common: str, parts: List[str]) -> bool:
+    """Whether every line ``LABEL COMMON PART`` (a number label) is one example,
+    as far as its parts tell: ``common`` is checked already, no part breaks
+    the line, and ``common`` holds a ``|`` before which no tag starts with
+    ``save`` (so that no part can put a tag into a line's header). ``False``
+    leaves the decision to :func:`~subwabbit.lines.check_lines`."""
+    if "|" not in common or ("save" in common and has_save_tag(common)):
+        return False
+    flat = "".join(parts)
+    return "\n" not in flat and "\r" not in flat

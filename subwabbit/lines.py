@@ -42,7 +42,7 @@ def _vw_tokens(text: str) -> List[str]:
     return [token for token in _VW_WHITESPACE.split(text) if token]
 
 
-def _has_save_tag(line: str) -> bool:
+def has_save_tag(line: str) -> bool:
     """Whether vw could take ``line`` as its save command.
 
     vw saves its model instead of answering an example whose tag starts with
@@ -66,7 +66,7 @@ def _check_text(line: str, what: str, split: str, empty: str, instead: str) -> N
         raise ValueError(f"{what} contains a line break, which would {split}: {line!r}")
     if not line or line == _BOM:
         raise ValueError(f"{what} is empty; {empty}")
-    if "save" in line and _has_save_tag(line):
+    if "save" in line and has_save_tag(line):
         raise ValueError(f"{what} has a tag starting with 'save', which vw can take as a command "
                          f"to save its model instead of {instead}: {line!r}")
 
@@ -83,8 +83,45 @@ def check_line(line: str, index: int = 0) -> None:
                 "vw answers nothing to an empty line", "an example")
 
 
+class CheckedLines(List[str]):
+    """Lines already checked with :func:`check_lines` (or an equivalent check
+    of their parts): :func:`encode_lines` does not check them again."""
+
+    __slots__ = ()
+
+
+_SAVE = re.compile("save")
+
+
+def _all_one_example(lines: Sequence[str]) -> bool:
+    """Whether every line is surely one example, from one join and a few scans
+    (``False`` also when a line may fail: :func:`check_line` then decides)."""
+    try:
+        # Joined without separators, a line break can only come from inside a line.
+        flat = "".join(lines)
+    except TypeError:
+        return False
+    return (bool(flat) and "\n" not in flat and "\r" not in flat and "" not in lines
+            and _BOM not in flat and _SAVE.search(flat) is None)
+
+
+def check_lines(lines: Sequence[str], first_index: int = 0) -> CheckedLines:
+    """:func:`check_line` for every line, at the cost of a join when all are fine.
+
+    :param first_index: the position of ``lines[0]``, for error messages
+    :returns: the lines, marked as checked
+    :raises TypeError: see :func:`check_line`
+    :raises ValueError: see :func:`check_line`, for the first line that fails
+    """
+    if lines and not _all_one_example(lines):
+        for offset, line in enumerate(lines):
+            check_line(line, first_index + offset)
+    return lines if isinstance(lines, CheckedLines) else CheckedLines(lines)
+
+
 def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
-    """Check ``lines`` and encode them as newline-terminated UTF-8.
+    """Check ``lines`` (unless they are :class:`CheckedLines`) and encode them
+    as newline-terminated UTF-8.
 
     :param lines: formatted examples
     :param first_index: the request position of ``lines[0]``, for error messages
@@ -93,12 +130,7 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
     """
     if not lines:
         return b""
-    try:
-        # Joined without separators, a line break can only come from inside a line.
-        flat = "".join(lines)
-    except TypeError:
-        flat = ""
-    if not flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat or _BOM in flat:
+    if not isinstance(lines, CheckedLines) and not _all_one_example(lines):
         for offset, line in enumerate(lines):
             check_line(line, first_index + offset)
     return ("\n".join(lines) + "\n").encode("utf-8")

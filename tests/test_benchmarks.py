@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,15 +19,58 @@ def run_module(module, *args, timeout=300):
 
 def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     pytest.importorskip("numpy")
+    pandas = pytest.importorskip("pandas")
     output = run_module("benchmarks", "--quick", "--no-plots", "--out", str(tmp_path))
     results = json.loads((tmp_path / "results.json").read_text())
-    assert (tmp_path / "results.rst").exists()
+    text = (tmp_path / "results.rst").read_text()
     # every contender was compared with the engine before timing, and agreed
     assert results["correctness"] and all(check["equal"]
                                           for check in results["correctness"].values())
-    for contender in ("pyvw", "blocking", "nonblocking", "engine alone"):
+    for contender in ("pyvw", "blocking", "nonblocking", "engine alone (wheel)"):
         assert results["summary"]["lines"][contender]["mean"] > 0, output
-    assert "Targets" in (tmp_path / "results.rst").read_text()
+    assert "Targets" in text
+
+    # one row per timed call, saved with the results
+    calls = pandas.read_csv(tmp_path / "calls.csv.gz")
+    timed = calls[calls["phase"] == "timeout"]
+    per_contender = timed.groupby("contender").size().to_dict()
+    assert per_contender == {"pyvw": 40, "pyvw-public": 40, "blocking": 40, "nonblocking": 40,
+                             "engine alone (wheel)": 20}  # --quick: 40 requests, 20 sampled
+    assert set(calls["phase"]) == {"timeout", "throughput", "breakdown", "train"}
+    blocking = timed[timed["contender"] == "blocking"]
+    assert sorted(blocking["request"]) == list(range(40))
+    assert list(blocking["predictions"]) == results["timeout"]["contenders"]["blocking"]["lines"]
+    assert (blocking["over_deadline_s"] - (blocking["wall_s"] - 0.010)).abs().max() < 1e-12
+    assert set(calls[calls["phase"] == "train"]["contender"]) == {"write-only train (wheel)"}
+    assert len(calls[calls["phase"] == "train"]) == 20_000 // 500  # --quick: one round
+    assert results["training"]["write_only_train"]["wheel"]["median_round_vs_engine"] > 0
+
+    # the summary tables again, in the layout of the 2.x documentation
+    assert "layout of subwabbit 2.x's documentation" in text
+    layout = text[text.index("predict() wall time in seconds:"):]
+    table = layout.splitlines()[2:]  # border, header, border, the statistics, border
+    rows = [line.split()[0] for line in table[3:11]]
+    assert rows == ["mean", "min", "25%", "50%", "75%", "90%", "99%", "max"]
+    assert table[1].split() == ["seconds", "pyvw", "pyvw-public", "blocking", "nonblocking"]
+    described = blocking["wall_s"].describe(percentiles=[0.25, 0.5, 0.75, 0.9, 0.99])
+    assert table[3].split()[3] == f"{described['mean']:.6f}"
+    assert table[9].split()[3] == f"{described['99%']:.6f}"
+    assert "Predicted lines per request" in text
+
+    # no vw executable given: its rows are left out, and the report says so
+    assert "engine alone (vw)" not in text and "write-only train (vw)" not in text
+    assert "No vw executable was given" in text
+    assert "subwabbit 2.1.0 was not measured" in text
+    assert results["training"]["subwabbit_2"]["skipped"]
+
+
+def test_training_benchmark_runs_alone():
+    output = run_module("benchmarks.training", "--lines", "2000", "--rounds", "1",
+                        "--no-subwabbit-2")
+    for row in ("engine alone (wheel)", "write-only train (wheel)", "pyvw"):
+        assert f"\n{row} " in output, output
+    assert "round by round" in output
+    assert "subwabbit 2.1.0 was not measured: --no-subwabbit-2 was given" in output
 
 
 def test_soak_finds_no_wrong_prediction(tmp_path):
@@ -60,24 +104,101 @@ def test_pauses_probe_reports_both_measurements():
     assert "sleeps of 1 ms in select: late by p50" in output
 
 
-def test_main_benchmark_reports_the_engine_on_stdin_and_the_machine_pauses(tmp_path):
+def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
-    run_module("benchmarks", "--quick", "--no-plots", "--contenders", "blocking",
-               "--out", str(tmp_path))
-    results = json.loads((tmp_path / "results.json").read_text())
-    stdin = results["throughput"]["engine_stdin"]
-    # every run printed one prediction per line (FileRuns.run checks it), and
-    # the rate is either a real one or says why it is missing; a 2-core CI
-    # machine's start-up noise may exceed the quick run's work
-    assert stdin["runs"] == 3 and stdin["lines"] == 20 * 1000
-    if stdin["lines_per_s"] is None:
-        assert "start-up's noise" in stdin["unmeasured"]
+    pytest.importorskip("pandas")
+    output = run_module("benchmarks", "--quick", "--no-plots", "--contenders", "blocking")
+    out = output.rsplit("results in ", 1)[1].split()[0]
+    try:
+        assert os.path.isdir(out) and os.path.isabs(out)
+        assert not os.path.abspath(out).startswith(ROOT + os.sep)
+        assert os.path.basename(out).startswith("subwabbit-benchmark-")
+        results = json.loads(open(os.path.join(out, "results.json"), encoding="utf-8").read())
+        stdin = results["throughput"]["engines"]["wheel"]["stdin"]
+        # every run printed one prediction per line (FileRuns.run checks it), and
+        # the rate is either a real one or says why it is missing; a 2-core CI
+        # machine's start-up noise may exceed the quick run's work
+        assert stdin["runs"] == 3 and stdin["lines"] == 20 * 1000
+        if stdin["lines_per_s"] is None:
+            assert "start-up's noise" in stdin["unmeasured"]
+        else:
+            assert stdin["lines_per_s"] > 0 and stdin["unmeasured"] is None
+        assert stdin["method"].startswith("best wall time of ENGINE -p stdout < FILE")
+        assert results["machine_pauses"]["seconds"] > 0
+        text = open(os.path.join(out, "results.rst"), encoding="utf-8").read()
+        assert "engine alone, stdin (wheel)" in text and "The machine's own pauses" in text
+        assert os.path.exists(os.path.join(out, "calls.csv.gz"))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_default_output_folder_is_new_and_outside_the_source_tree():
+    from benchmarks.__main__ import COMMITTED_OUT, parse_options
+    first = parse_options([]).out
+    assert not os.path.abspath(first).startswith(ROOT + os.sep)
+    assert not os.path.exists(first)
+    assert parse_options(["--out", "benchmarks/results"]).out == "benchmarks/results"
+    assert COMMITTED_OUT == os.path.join(ROOT, "benchmarks", "results")
+
+
+def test_main_benchmark_measures_a_vw_executable_beside_the_wheel_engine(tmp_path):
+    """A stand-in "vw executable" (a script that runs the wheel's engine) gets
+    rows of its own; the classes stay on the default engine."""
+    pytest.importorskip("numpy")
+    pandas = pytest.importorskip("pandas")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    vw = bin_dir / "vw"
+    vw.write_text(f"#!/bin/sh\nexec {sys.executable} "
+                  f"{os.path.join(ROOT, 'subwabbit', 'engine', 'program.py')} \"$@\"\n")
+    vw.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--no-plots", "--contenders",
+         "blocking", "--vw-executable", str(vw), "--out", str(out)],
+        cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=300).stdout
+    results = json.loads((out / "results.json").read_text())
+    text = (out / "results.rst").read_text()
+    assert results["engines"]["default"] == "wheel"
+    assert [engine["name"] for engine in results["engines"]["engines"]] == ["wheel", "vw"]
+    for row in ("engine alone (wheel)", "engine alone (vw)", "engine alone, stdin (vw)",
+                "write-only train (vw)", "write-only train (wheel)"):
+        assert row in text, output
+    assert set(results["engine_per_request"]) == {"wheel", "vw"}
+    summary = results["summary"]
+    best = summary["best_engine"]["lines"]
+    assert best in ("wheel", "vw")
+    means = {name: summary["lines"][f"engine alone ({name})"]["mean"] for name in ("wheel", "vw")}
+    assert means[best] == max(means.values())
+    assert summary["lines"]["blocking"]["vs_best_engine"] == pytest.approx(
+        summary["lines"]["blocking"]["mean"] / means[best])
+    calls = pandas.read_csv(out / "calls.csv.gz")
+    timed = calls[calls["phase"] == "timeout"]
+    assert set(timed[timed["contender"] == "blocking"]["engine"]) == {"wheel"}
+    assert len(timed[timed["contender"] == "engine alone (vw)"]) == 20
+    legacy = results["training"]["subwabbit_2"]
+    if "skipped" in legacy:  # no package index here
+        assert "pip could not install subwabbit==2.1.0" in legacy["skipped"], legacy
     else:
-        assert stdin["lines_per_s"] > 0 and stdin["unmeasured"] is None
-    assert stdin["method"].startswith("best wall time of ENGINE -p stdout < FILE")
-    assert results["machine_pauses"]["seconds"] > 0
-    text = (tmp_path / "results.rst").read_text()
-    assert "engine alone, stdin" in text and "The machine's own pauses" in text
+        assert legacy["subwabbit"] == "2.1.0" and legacy["lines_per_s"] > 0
+        assert legacy["lines"] == 20_000 and legacy["model_bytes"] > 0
+        assert "subwabbit 2.1.0 train (vw)" in text
+        assert len(calls[calls["contender"] == "subwabbit 2.1.0 train (vw)"]) == 40
+
+
+def test_wall_time_plot_counts_the_calls_beyond_its_window(tmp_path):
+    from benchmarks.report import beyond_window_label, plot_wall_times, wall_time_window
+    assert wall_time_window(10.0) == (0.0, 15.0)
+    assert beyond_window_label([9.0, 10.2, 15.5, 460.0], 15.0) == (
+        "2 of 4 calls beyond 15 ms, not shown (slowest 460.0 ms)")
+    assert beyond_window_label([9.0, 14.9], 15.0) == "none of 2 calls beyond 15 ms"
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "wall.png"
+    plot_wall_times({"blocking": [0.009, 0.0102, 0.46], "nonblocking": [0.0095, 0.0101]},
+                    10.0, str(path))
+    assert path.stat().st_size > 0
 
 
 def test_file_runs_refuse_a_rate_when_start_up_noise_exceeds_the_work(tmp_path):

@@ -177,7 +177,16 @@ def test_train_checks_everything_before_sending(formatter, tmp_path):
             process.train("", ["|a x", "|a y\n1 |a x"], [1, 1], [None, None])
         with pytest.raises(ValueError, match="negative"):
             process.train("", ["|a x"], [1], [-1.0])
+        # lines of the default joining checked from their parts (plain labels)
+        with pytest.raises(ValueError, match="#1 contains a line break"):
+            process.train("|b y", ["|a x", "|a y\r"], [1, 1])
+        with pytest.raises(ValueError, match="#1 has a tag starting with 'save'"):
+            process.train("", ["|a x", "save_x|a y"], [1, 1])  # no '|' in the common part
+        with pytest.raises(ValueError, match="#0 has a tag starting with 'save'"):
+            process.train("'saved |b y", ["|a x"], [1])
         assert list(process.predict("", ["|a x"])) == before
+        process.train("|b y", ["save_x|a x"], [1])  # a feature, not a tag: learnt
+        assert list(process.predict("", ["|a x"])) != before
 
 
 def test_save_does_not_disturb_predictions(formatter, trained_model, tmp_path):

@@ -247,3 +247,71 @@ def test_parse_labels_replaces_invalid_utf8():
 
 def test_encode_lines_of_nothing_is_nothing():
     assert encode_lines([]) == b""
+
+
+# ------------------------------------------------------- training lines, checked once
+
+_PIECES = ["|u", "|i", " ", "\t", "a", "b:1", "save", "save_x", "'save", "'", "|", "\n", "\r", ""]
+
+
+def _random_part(rng):
+    return "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 5)))
+
+
+def _reference_training_lines(common, parts, labels):
+    """What train() must send: the default joining, each line checked alone."""
+    from subwabbit import VowpalWabbitDummyFormatter
+    formatter = VowpalWabbitDummyFormatter()
+    lines = [formatter.get_formatted_example(common, part, label=label)
+             for part, label in zip(parts, labels)]
+    for index, line in enumerate(lines):
+        check_line(line, index)
+    return lines
+
+
+def _outcome(function):
+    try:
+        return "ok", list(function())
+    except (ValueError, TypeError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_training_lines_checked_by_their_parts_equal_lines_checked_one_by_one(seed):
+    """train() checks lines of the default joining from their parts (one scan
+    of the item parts, the common part's header once); it must accept, refuse
+    and name exactly what a check of every line would."""
+    import random
+    from types import SimpleNamespace
+
+    from subwabbit import VowpalWabbitDummyFormatter
+    from subwabbit.client import ClientBase
+    from subwabbit.lines import CheckedLines
+
+    rng = random.Random(seed)
+    from subwabbit.core.kinds import choose_kind
+    me = SimpleNamespace(formatter=VowpalWabbitDummyFormatter(), prediction_kind=choose_kind([]))
+    for _ in range(50):
+        common = rng.choice(["|u a", "|u a b", "", "x |u a", "save_x |u a", "'save|u", "a b",
+                             "|u save"])
+        parts = [_random_part(rng) for _ in range(rng.randint(1, 4))]
+        labels = [rng.choice([1, -1, 0.5, 2]) for _ in parts]
+        expected = _outcome(lambda: _reference_training_lines(common, parts, labels))
+        got = _outcome(lambda: ClientBase._format_training_lines(me, common, parts, labels,
+                                                                 None, None))
+        assert got == expected, (common, parts, labels)
+        if got[0] == "ok":
+            lines = ClientBase._format_training_lines(me, common, parts, labels, None, None)
+            assert isinstance(lines, CheckedLines)
+            assert encode_lines(lines) == ("\n".join(expected[1]) + "\n").encode()
+
+
+def test_encode_lines_does_not_check_checked_lines_again():
+    from subwabbit.lines import CheckedLines, check_lines
+    assert encode_lines(CheckedLines(["|a x", "|a y"])) == b"|a x\n|a y\n"
+    checked = check_lines(["1 |a x", "|a save_x"])
+    assert isinstance(checked, CheckedLines) and checked == ["1 |a x", "|a save_x"]
+    with pytest.raises(ValueError, match="#3 contains a line break"):
+        check_lines(["|a", "|a\nb"], first_index=2)
+    # marked as checked, it is sent as it is: the mark is the caller's promise
+    assert encode_lines(CheckedLines(["|a", ""])) == b"|a\n\n"
