@@ -54,7 +54,7 @@ from subwabbit.command import ENGINE_ENV_VAR
 from subwabbit.engine.program import DRIVER_ENV_VAR
 
 from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender,
-                         nonblocking_contender, pyvw_contender)
+                         nonblocking_contender, pool_contender, pyvw_contender)
 from .cpu import children_cpu_seconds, machine_busy_seconds, process_cpu_seconds
 from .engines import Engine, choose_engines, find_executable
 from .limit import FileRuns, file_predictions, per_request_rates
@@ -63,7 +63,7 @@ from .report import engine_alone, engine_stdin, machine_info, summarize, write_o
 from .training import Training
 from .workload import RecommenderFormatter, Workload, prediction_args
 
-ALL_CONTENDERS = ("pyvw", "pyvw-public", "blocking", "nonblocking")
+ALL_CONTENDERS = ("pyvw", "pyvw-public", "blocking", "nonblocking", "pool", "pool-1")
 #: The folder of the report committed with the code (refreshed only on purpose).
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -238,6 +238,12 @@ class Benchmark:
         if "nonblocking" in options.contenders:
             self.contenders["nonblocking"] = nonblocking_contender(self.formatter, args,
                                                                    options_nonblocking)
+        options_pool = dict(options_nonblocking)
+        if "pool" in options.contenders:
+            self.contenders["pool"] = pool_contender("pool", self.formatter, args, options_pool)
+        if "pool-1" in options.contenders:
+            self.contenders["pool-1"] = pool_contender("pool-1", self.formatter, args,
+                                                       dict(options_pool, size=1))
 
     def close(self) -> None:
         for contender in self.contenders.values():

@@ -13,12 +13,12 @@ as ``pyvw`` (and the fastest one that keeps to the public ``Workspace`` API as
 """
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pylibvw
 from vowpalwabbit import PredictionType, Workspace
 
-from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
+from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess
 
 from .workload import Item, RecommenderFormatter, Request
 
@@ -31,13 +31,14 @@ class Contender:
     :param name: the name in the tables
     :param predict: ``predict(request, items, timeout)`` -> list of predictions
     :param settings: how it is configured, for the report
-    :param engine_pid: the pid of its engine process (``None``: in-process)
+    :param engine_pid: the pid of its engine process, or the pids of a
+        pool's engines (``None``: in-process)
     :param model: the subwabbit model object, if any (for ``detailed_metrics``)
     :param close: releases its resources
     """
 
     def __init__(self, name: str, predict: PredictFunction, settings: Dict[str, Any],
-                 engine_pid: Optional[int] = None, model: Any = None,
+                 engine_pid: Union[int, List[int], None] = None, model: Any = None,
                  close: Callable[[], None] = lambda: None) -> None:
         self.name = name
         self.predict = predict
@@ -207,3 +208,21 @@ def nonblocking_contender(formatter: RecommenderFormatter, vw_args: Sequence[str
                           options: Dict[str, Any]) -> Contender:
     return subwabbit_contender("nonblocking", VowpalWabbitNonBlockingProcess, formatter, vw_args,
                                options)
+
+
+def pool_contender(name: str, formatter: RecommenderFormatter, vw_args: Sequence[str],
+                   options: Dict[str, Any]) -> Contender:
+    """A :class:`~subwabbit.pool.VowpalWabbitPool` (``options`` may set its
+    ``size``; default: the CPUs this process may use). It has no
+    ``detailed_metrics``, so it is left out of the breakdown."""
+    pool = VowpalWabbitPool(formatter, list(vw_args), **options)
+
+    def predict(request: Request, items: Sequence[Item], timeout: Optional[float]) -> List[float]:
+        return pool.predict(request, items, timeout=timeout)
+
+    settings = {"class": "subwabbit.VowpalWabbitPool", "vw_args": list(vw_args),
+                "argv": list(pool.argv), "size": pool.size,
+                "shares_weights": pool.shares_weights(), "batch_size": pool.batch_size,
+                "max_pending_lines": pool.max_pending_lines,
+                "write_cutoff_s": pool.write_cutoff_s}
+    return Contender(name, predict, settings, engine_pid=pool.engine_pids(), close=pool.close)

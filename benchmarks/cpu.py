@@ -2,16 +2,19 @@
 
 import os
 import resource
-from typing import Optional
+from typing import List, Union
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_seconds(pid: Optional[int]) -> float:
-    """CPU time (user + system, all threads) a process has used so far; 0 for
-    ``None`` (pyvw runs in the benchmark's own process)."""
+def process_cpu_seconds(pid: Union[int, List[int], None]) -> float:
+    """CPU time (user + system, all threads) a process has used so far (the
+    sum, for a list of processes: a pool's engines); 0 for ``None`` (pyvw
+    runs in the benchmark's own process)."""
     if pid is None:
         return 0.0
+    if isinstance(pid, list):
+        return sum(process_cpu_seconds(one) for one in pid)
     with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
