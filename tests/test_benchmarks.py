@@ -26,7 +26,8 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     # every contender was compared with the engine before timing, and agreed
     assert results["correctness"] and all(check["equal"]
                                           for check in results["correctness"].values())
-    for contender in ("pyvw", "blocking", "nonblocking", "engine alone (wheel)"):
+    for contender in ("pyvw", "blocking", "nonblocking", "pool", "pool-1",
+                      "engine alone (wheel)"):
         assert results["summary"]["lines"][contender]["mean"] > 0, output
     assert "Targets" in text
 
@@ -35,6 +36,7 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     timed = calls[calls["phase"] == "timeout"]
     per_contender = timed.groupby("contender").size().to_dict()
     assert per_contender == {"pyvw": 40, "pyvw-public": 40, "blocking": 40, "nonblocking": 40,
+                             "pool": 40, "pool-1": 40,
                              "engine alone (wheel)": 20}  # --quick: 40 requests, 20 sampled
     assert set(calls["phase"]) == {"timeout", "throughput", "breakdown", "train"}
     blocking = timed[timed["contender"] == "blocking"]
@@ -51,7 +53,8 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     table = layout.splitlines()[2:]  # border, header, border, the statistics, border
     rows = [line.split()[0] for line in table[3:11]]
     assert rows == ["mean", "min", "25%", "50%", "75%", "90%", "99%", "max"]
-    assert table[1].split() == ["seconds", "pyvw", "pyvw-public", "blocking", "nonblocking"]
+    assert table[1].split() == ["seconds", "pyvw", "pyvw-public", "blocking", "nonblocking",
+                                "pool", "pool-1"]
     described = blocking["wall_s"].describe(percentiles=[0.25, 0.5, 0.75, 0.9, 0.99])
     assert table[3].split()[3] == f"{described['mean']:.6f}"
     assert table[9].split()[3] == f"{described['99%']:.6f}"
