@@ -30,7 +30,9 @@ setup(
     python_requires=">=3.9",
     install_requires=["vowpalwabbit>=9.0,<10"],
     extras_require={
-        "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5"],
+        "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5", "dask[distributed]>=2023.1"],
+        # subwabbit.distributed: training on many workers with VW's AllReduce
+        "dask": ["dask[distributed]>=2023.1"],
         "docs": ["sphinx>=7", "furo>=2024.1.29"],
         "bench": ["numpy>=1.23", "matplotlib>=3.6"],
     },
