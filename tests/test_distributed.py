@@ -8,14 +8,12 @@ and every way a job can fail, each followed by a check that no engine, socket
 or port is left and that the next job succeeds.
 """
 
-import logging
 import math
 import os
 import random
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +22,6 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitProcess
-from subwabbit.command import default_engine_command
 from subwabbit.distributed import DistributedTrainingError, Rendezvous, run_job, train
 from subwabbit.distributed import job as job_module
 from subwabbit.distributed.args import check_user_args, node_args, passes

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..base import VowpalWabbitBaseFormatter
