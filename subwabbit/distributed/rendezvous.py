@@ -321,6 +321,7 @@ class Rendezvous:
                         self._read(key.data)
                 self._check_engine_loss()
                 self._broadcast_abort_once()
+            self._broadcast_abort_once()  # a failure recorded with the request to stop
         except Exception:  # pylint: disable=broad-except
             logger.exception("the rendezvous on %s:%d failed", self.host, self.port)
             with self._changed:
