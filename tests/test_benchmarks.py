@@ -239,3 +239,15 @@ def test_loop_stall_benchmark_runs():
     output = run_module("benchmarks.loop_stall", "--requests", "3", "--pretrain-lines", "2000")
     assert "AsyncVowpalWabbitProcess (timeout=0.01): longest loop stall per call, ms: p50" in output
     assert "VowpalWabbitNonBlockingProcess called in a coroutine" in output
+
+
+def test_distributed_benchmark_measures_one_and_two_workers(tmp_path):
+    pytest.importorskip("distributed")
+    out = tmp_path / "distributed.json"
+    output = run_module("benchmarks.distributed", "--lines", "4000", "--rounds", "1",
+                        "--skip-loss", "--out", str(out))
+    speed = json.loads(out.read_text())["speed"]
+    for name in ("one process", "1 workers", "2 workers"):
+        assert speed[name]["lines_per_s"] > 0, output
+    assert 0 < speed["2 workers"]["allreduce_share"] < 1
+    assert "the AllReduce itself" in output
