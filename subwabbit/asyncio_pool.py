@@ -57,13 +57,15 @@ class AsyncVowpalWabbitPool(PoolBase):
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
                  restart_after_fork: bool = True, share_weights: bool = True,
-                 prediction_type: Optional[str] = None) -> None:
+                 prediction_type: Optional[str] = None,
+                 low_priority_engines: Optional[bool] = None) -> None:
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
                              restart_after_fork=restart_after_fork, share_weights=share_weights,
-                             prediction_type=prediction_type)
+                             prediction_type=prediction_type,
+                             low_priority_engines=low_priority_engines)
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()

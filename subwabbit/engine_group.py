@@ -9,6 +9,7 @@ Everything here blocks; the asyncio pool runs it on its executor.
 
 import concurrent.futures
 import logging
+import os
 import time
 from typing import List, Optional
 
@@ -34,14 +35,18 @@ class EngineGroup:
     :param outputs_per_line: answer lines per example (the model kind's)
     :param kind: the model's kind, whose shape the start-up probes' answers
         must have (``None``: any)
+    :param low_priority: run the engines below the client's priority (see
+        :func:`lower_priority`)
     """
 
     def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
-                 outputs_per_line: int = 1, kind: Optional[PredictionKind] = None) -> None:
+                 outputs_per_line: int = 1, kind: Optional[PredictionKind] = None,
+                 low_priority: bool = False) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
         self.outputs_per_line = outputs_per_line
         self.kind = kind
+        self.low_priority = low_priority
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
 
@@ -64,6 +69,8 @@ class EngineGroup:
                             "each")
                 self._share = False
         if self.server is not None:
+            if self.low_priority:
+                lower_priority(self.server.pid)  # its forks inherit it
             try:
                 return [self.add_one() for _ in range(count)]
             except BaseException:
@@ -81,14 +88,20 @@ class EngineGroup:
             for engine in engines:
                 engine.abort()
             raise errors[0]  # type: ignore[misc]
+        if self.low_priority:
+            for engine in engines:
+                lower_priority(engine.pid)
         return engines
 
     def add_one(self) -> EngineProcess:
         """Start one more engine (a replacement) and check that it answers."""
         server = self.server
         if server is None or server.closed:
-            return start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
-                                self.kind)
+            engine = start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
+                                  self.kind)
+            if self.low_priority:
+                lower_priority(engine.pid)
+            return engine
         deadline = _clock() + self.startup_timeout_s
         engine = server.fork_engine(self.startup_timeout_s)
         try:
@@ -112,3 +125,30 @@ class EngineGroup:
         server, self.server = self.server, None
         if server is not None:
             server.abandon_in_fork()
+
+
+#: How much lower than the client an engine of a crowded pool runs (nice steps).
+LOW_PRIORITY_NICE = 5
+
+
+def lower_priority(pid: int) -> None:
+    """Run an engine below the client: ``SCHED_BATCH`` (a woken engine does
+    not preempt the thread that woke it) and ``LOW_PRIORITY_NICE`` more nice.
+
+    When a pool's engines and the calling thread are more than the cores, a
+    write that wakes an engine otherwise often hands it the writer's core:
+    measured on 2 cores with a pool of 2 (cProfile of 20 calls of the
+    benchmark's 3,000 items, no timeout), the client's writes took 5.4 ms per
+    call, 0.5 ms with the engines lowered. The client's formatting is what
+    feeds every engine, so it must not wait for them. Failures (another OS, limits)
+    are logged and ignored.
+    """
+    try:
+        os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:
+        logger.debug("cannot set SCHED_BATCH on vw[%d]: %s", pid, exc)
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, current + LOW_PRIORITY_NICE))
+    except (AttributeError, OSError) as exc:
+        logger.debug("cannot lower the priority of vw[%d]: %s", pid, exc)

@@ -74,6 +74,12 @@ class VowpalWabbitPool(PoolBase):
         (see :doc:`model_kinds`). Predictions are typed as for the single
         classes; a multi-line kind (``--cb_explore_adf``) makes one example of
         each call, served whole by one engine
+    :param low_priority_engines: run the engines below the calling threads'
+        priority (``SCHED_BATCH`` and nice +5; see
+        :func:`~subwabbit.engine_group.lower_priority`), so that an engine
+        woken by a write does not take the core of the thread that feeds it.
+        Default (``None``): when the engines and one calling thread are more
+        than the CPUs the process may use (a pool of the default size)
     :raises VowpalWabbitStartupError: when an engine cannot start (the
         others are stopped)
     """
@@ -86,14 +92,16 @@ class VowpalWabbitPool(PoolBase):
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,
                  io_timeout_s: Optional[float] = DEFAULT_IO_TIMEOUT_S,
                  restart_after_fork: bool = True, share_weights: bool = True,
-                 prediction_type: Optional[str] = None) -> None:
+                 prediction_type: Optional[str] = None,
+                 low_priority_engines: Optional[bool] = None) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
                              startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
                              restart_after_fork=restart_after_fork, share_weights=share_weights,
-                             prediction_type=prediction_type)
+                             prediction_type=prediction_type,
+                             low_priority_engines=low_priority_engines)
         group, engines = self._spawn(self.argv, self.size)
         self._groups[0] = group
         for engine in engines:

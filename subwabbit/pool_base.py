@@ -135,7 +135,8 @@ class PoolBase(ClientBase):
                         vw_command: Union[str, Sequence[str], None],
                         metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                         io_timeout_s: Optional[float], restart_after_fork: bool,
-                        share_weights: bool, prediction_type: Optional[str]) -> None:
+                        share_weights: bool, prediction_type: Optional[str],
+                        low_priority_engines: Optional[bool] = None) -> None:
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=False,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
@@ -147,6 +148,11 @@ class PoolBase(ClientBase):
         self.max_pending_lines = max_pending_lines
         self._roster = Roster()
         self.share_weights = bool(share_weights)
+        #: whether the engines run below the client's priority (default: when
+        #: the engines and the calling thread are more than the CPUs)
+        self.low_priority_engines = (self.size + 1 > default_pool_size()
+                                     if low_priority_engines is None
+                                     else bool(low_priority_engines))
         #: the engines of each generation still in service
         self._groups: Dict[int, EngineGroup] = {}
         self._closed = False
@@ -378,7 +384,7 @@ class PoolBase(ClientBase):
     def _new_group(self, argv: List[str]) -> EngineGroup:
         """The engines of one model, started with ``argv``."""
         return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
-                           self._outputs_per_line, self._probe_kind)
+                           self._outputs_per_line, self._probe_kind, self.low_priority_engines)
 
     # ------------------------------------------------ what each driver supplies
 

@@ -380,3 +380,28 @@ def test_a_stopped_engine_is_replaced_after_io_timeout_s_and_calls_stay_on_time(
                 os.kill(stopped, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, share):
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          share_weights=share, low_priority_engines=True) as pool:
+        for pid in pool.engine_pids():
+            assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+            assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + 5)
+        os.kill(pool.engine_pids()[0], signal.SIGKILL)
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        for pid in pool.engine_pids():  # the replacement too
+            assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                          share_weights=share, low_priority_engines=False) as pool:
+        # by default: lowered when the engines and one calling thread exceed the CPUs
+        with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as default:
+            assert default.low_priority_engines is (2 > len(os.sched_getaffinity(0)))
+        for pid in pool.engine_pids():
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, pid) == mine
