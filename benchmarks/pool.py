@@ -19,6 +19,10 @@ minute and a half on 2 cores. Sections:
   of pools of 1 and 2 engines, with and without shared weights.
 * **cores**: the one-caller section for the pool and the engine alone with the
   whole benchmark pinned to 1 and then 2 CPUs (``os.sched_setaffinity``).
+* **priority**: a pool of the default size with its engines below the
+  client's priority (``low_priority_engines=True``) and at the same priority,
+  one after the other on the same requests, in rounds
+  (``--only-priority`` runs this section alone).
 """
 
 import argparse
@@ -192,6 +196,25 @@ def pinned(cpus: str, options: argparse.Namespace) -> Dict[str, Any]:
     return json.loads(output)
 
 
+def priority(workload: Workload, model: str, timeout: float, size: int,
+             rounds: int = 2) -> Dict[str, Any]:
+    """A pool with and without ``low_priority_engines``, each serving all the
+    requests in turn (a pool runs alone, as in a service), in ``rounds``."""
+    formatter = RecommenderFormatter()
+    args = prediction_args(model)
+    results: Dict[str, List[float]] = {"low priority": [], "same priority": []}
+    for _ in range(rounds):
+        for name, low in (("same priority", False), ("low priority", True)):
+            with VowpalWabbitPool(formatter, args, size=size, low_priority_engines=low) as pool:
+                for index in range(min(10, len(workload))):
+                    pool.predict(workload.requests[index], workload.candidates[index],
+                                 timeout=timeout)
+                counts = [len(pool.predict(request, items, timeout=timeout))
+                          for request, items in workload.pairs(range(len(workload)))]
+            results[name].append(statistics.mean(counts))
+    return results
+
+
 def _print_one_caller(title: str, results: Dict[str, Any]) -> None:
     print(f"\n{title}")
     print(f"{'contender':<16}{'mean':>8}{'p1':>8}{'p50':>8}   wall ms: {'p50':>6}{'p99':>7}"
@@ -217,6 +240,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--json", help="also write every figure to this JSON file")
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--only-one-caller", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-priority", action="store_true",
+                        help="measure only the pool with and without low_priority_engines")
     options = parser.parse_args(argv)
     if options.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in options.cpus.split(",")})
@@ -227,6 +252,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         train_model(workload, model, bits=20)
         if options.only_one_caller:
             print(json.dumps(one_caller(workload, model, options.timeout, [size], singles=False)))
+            return
+        if options.only_priority:
+            found = priority(workload, model, options.timeout, size)
+            print(f"pool of {size}, mean predictions within {options.timeout * 1000:g} ms per "
+                  f"round ({options.requests} requests each):")
+            for name, means in found.items():
+                print(f"  {name:<14} " + "  ".join(f"{mean:7.0f}" for mean in means))
             return
         report: Dict[str, Any] = {"cpus": size, "requests": options.requests,
                                   "items": options.items, "timeout_s": options.timeout}
