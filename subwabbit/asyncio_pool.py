@@ -102,17 +102,24 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     async def close(self, timeout: float = 30.0) -> None:
         """Stop every engine within ``timeout`` without blocking the loop
-        (input closed, then SIGTERM and SIGKILL). Idempotent."""
+        (input closed, then SIGTERM and SIGKILL). Calls in progress end at
+        their next step with the predictions they have. Idempotent."""
         validate_seconds(timeout, "timeout", allow_none=False)
         if self._closed:
             return
         self._closed = True
+        began = _clock()
         slots = list(self._roster.slots)
         for slot in slots:
             self._roster.remove(slot)
         self._notify()
         for task in list(self._tasks):
             task.cancel()
+        if not self._in_forked_child():
+            # Calls in progress see the pool closed at their next step and
+            # give their engines back: let them, for half the time.
+            while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
+                await asyncio.sleep(0.001)
         if self._in_forked_child():
             for slot in slots:
                 slot.engine.abandon_in_fork()
@@ -120,7 +127,6 @@ class AsyncVowpalWabbitPool(PoolBase):
                 group.abandon_in_fork()
             return
         loop = asyncio.get_running_loop()
-        began = _clock()
         if slots:
             closing = [loop.run_in_executor(None, close_quietly, slot.engine, timeout)
                        for slot in slots]
@@ -131,6 +137,9 @@ class AsyncVowpalWabbitPool(PoolBase):
             await asyncio.wait(groups, timeout=max(0.001, began + timeout - _clock()))
 
     # ------------------------------------------------- the driver's part
+
+    #: never block the loop waiting for a failed engine's exit status
+    _status_wait_s = 0.0
 
     def _state_lock(self) -> ContextManager[Any]:
         return contextlib.nullcontext()  # one thread: the loop's

@@ -71,11 +71,16 @@ class EngineGroup:
         if self.server is not None:
             if self.low_priority:
                 lower_priority(self.server.pid)  # its forks inherit it
+            forked: List[EngineProcess] = []
             try:
-                return [self.add_one() for _ in range(count)]
+                for _ in range(count):
+                    forked.append(self.add_one())
             except BaseException:
+                for engine in forked:
+                    engine.abort()
                 self.close()
                 raise
+            return forked
         with concurrent.futures.ThreadPoolExecutor(
                 max_workers=count, thread_name_prefix="subwabbit-pool-start") as executor:
             futures = [executor.submit(start_engine, self.argv, self.outputs_per_line,
@@ -144,11 +149,18 @@ def lower_priority(pid: int) -> None:
     are logged and ignored.
     """
     try:
-        os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError) as exc:
-        logger.debug("cannot set SCHED_BATCH on vw[%d]: %s", pid, exc)
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, pid)
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, current + LOW_PRIORITY_NICE))
-    except (AttributeError, OSError) as exc:
-        logger.debug("cannot lower the priority of vw[%d]: %s", pid, exc)
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    # On Linux both settings belong to each thread: every thread of the
+    # engine (vw's own driver has a parser and a learner thread) is lowered.
+    for tid in threads:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError) as exc:
+            logger.debug("cannot set SCHED_BATCH on vw[%d] thread %d: %s", pid, tid, exc)
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + LOW_PRIORITY_NICE))
+        except (AttributeError, OSError) as exc:
+            logger.debug("cannot lower the priority of vw[%d] thread %d: %s", pid, tid, exc)

@@ -227,6 +227,8 @@ class ForkServer:
                 socket.send_fds(self._sock, [b"fork"], theirs)
                 reply = self._replies.get(timeout=timeout_s)
         except (OSError, queue.Empty) as exc:
+            # A late answer would be taken for the next request's: no more requests.
+            self.closed = True
             for fd in theirs + ours:
                 os.close(fd)
             raise VowpalWabbitError(f"the pool's fork server did not fork an engine: {exc!r}",
@@ -243,7 +245,9 @@ class ForkServer:
                 os.close(fd)
             raise VowpalWabbitError(f"the pool's fork server answered {reply!r}", argv=self.argv,
                                     stderr_tail=self.engine.stderr_tail())
-        process = ForkedProcess(int(reply.split()[1]), stdin_w, stdout_r, stderr_r, self)
+        pid = int(reply.split()[1])
+        self._exits.pop(pid, None)  # an earlier engine's status, if the pid was reused
+        process = ForkedProcess(pid, stdin_w, stdout_r, stderr_r, self)
         return EngineProcess(self.argv, prints_answers=True, proc=process)
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -285,8 +285,12 @@ class VowpalWabbitPool(PoolBase):
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop every engine within ``timeout`` (input closed, then SIGTERM
-        and SIGKILL). Calls in progress end with what they have. Idempotent."""
+        and SIGKILL). Calls in progress end at their next step with the
+        predictions they have, and give their engines back before those are
+        closed (a call that holds on for more than half the timeout has its
+        engines closed under it, and raises). Idempotent."""
         validate_seconds(timeout, "timeout", allow_none=False)
+        deadline = _clock() + timeout
         with self._cond:
             if self._closed:
                 return
@@ -295,13 +299,18 @@ class VowpalWabbitPool(PoolBase):
             for slot in slots:
                 self._roster.remove(slot)
             self._cond.notify_all()
+            if not self._in_forked_child():
+                # Calls in progress see the pool closed at their next step and
+                # give their engines back: let them, for half the time.
+                until = _clock() + timeout / 2
+                while any(slot.held for slot in slots) and _clock() < until:
+                    self._cond.wait(until - _clock())
         if self._in_forked_child():
             for slot in slots:
                 slot.engine.abandon_in_fork()
             for group in self._groups.values():
                 group.abandon_in_fork()
             return
-        deadline = _clock() + timeout
         threads = []
         for slot in slots:
             thread = threading.Thread(target=close_quietly, args=(slot.engine, timeout),

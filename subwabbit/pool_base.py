@@ -317,20 +317,23 @@ class PoolBase(ClientBase):
         for lane in lanes:
             lane.key.note_progress(now)
         closing = [lane.key for lane in lanes if self._roster.give_back(lane.key)]
+        if self._closed:
+            closing = []  # close() closes them
         if counted:
             self._roster.calls -= 1
             self._roster.version += 1
         return closing
 
     def _take_out_now(self, slot: Slot) -> bool:
-        """A failed engine leaves service.
+        """A failed engine leaves service (counted once however many calls see it fail).
 
-        :returns: whether a replacement is due (it was in service, for the
-            current generation, and the pool is open)
+        :returns: whether it was in service (so a replacement is due, for the
+            current generation of an open pool)
         """
         in_service = self._roster.remove(slot)
-        self._counters["engine_failures"] += 1
-        return in_service and slot.generation == self._roster.generation and not self._closed
+        if in_service:
+            self._counters["engine_failures"] += 1
+        return in_service
 
     def _switch_now(self, group: EngineGroup, engines: List[Any]
                     ) -> "tuple[List[Slot], List[EngineGroup]]":
@@ -387,6 +390,10 @@ class PoolBase(ClientBase):
                            self._outputs_per_line, self._probe_kind, self.low_priority_engines)
 
     # ------------------------------------------------ what each driver supplies
+
+    #: how long the report of a failed engine may wait for its exit status
+    #: (the asyncio driver never blocks the loop for it)
+    _status_wait_s = _STATUS_WAIT_S
 
     def _state_lock(self) -> ContextManager[Any]:
         """Held while the pool's state (the roster, the groups) is read or changed."""
@@ -468,7 +475,7 @@ class PoolBase(ClientBase):
                 with self._state_lock():
                     if self._closed:
                         raise VowpalWabbitError(f"{type(self).__name__} is closed")
-                    stuck = roster.stuck(_clock(), self.io_timeout_s)
+                    stuck = self._take_out_stuck()
                     if not stuck:
                         generation = self._take_first(exchange, items)
                         if generation is not None:
@@ -483,8 +490,8 @@ class PoolBase(ClientBase):
                                 return None
                             raise self._no_engine_error(start)
                         version = roster.version
-                for slot in stuck:
-                    self._fail_slot(slot, self._stuck_error(slot))
+                for slot, error in stuck:
+                    self._stop_failed(slot, error, replacing=True)
                 if not stuck:
                     yield WaitForEngine(version, limit)
         finally:
@@ -509,6 +516,9 @@ class PoolBase(ClientBase):
         most = len(exchange.lanes)
         worked_since = _clock()
         while True:
+            if self._closed:  # close() waits for the calls to give their engines back
+                exchange.done = exchange.timed_out = True
+                return most
             now = _clock()
             for lane in exchange.stuck_lanes(now):
                 self._fail_lane(exchange, lane, exchange.idle_error())
@@ -528,11 +538,14 @@ class PoolBase(ClientBase):
                     return most
                 continue
             moved = False
+            # A failed engine's exit status is worth a short wait at most (its
+            # batches go to the other engines), never past the deadline.
+            status_until = now + self._status_wait_s
+            if exchange.end_at is not None:
+                status_until = min(status_until, exchange.end_at)
             for lane in list(exchange.lanes):
                 try:
-                    # A failed engine's exit status is worth a short wait at
-                    # most: its batches go to the other engines.
-                    if pump(lane.key.engine, lane.channel, now + _STATUS_WAIT_S):
+                    if pump(lane.key.engine, lane.channel, status_until):
                         moved = True
                 except _ENGINE_FAILURES as exc:
                     self._fail_lane(exchange, lane, exc)
@@ -567,9 +580,39 @@ class PoolBase(ClientBase):
                 version = self._roster.version
             yield WaitForEngine(version, limit)
 
+    def _take_out_stuck(self) -> "List[tuple[Slot, BaseException]]":
+        """Free engines that owe answers and printed nothing for
+        ``io_timeout_s``, taken out of service (with the state lock held).
+
+        Nobody reads a free engine's pipe, so what it printed meanwhile is
+        read first (and discarded: it belongs to calls that ended); only an
+        engine with nothing to read, or whose pipe failed, is stuck.
+        """
+        found = []
+        for slot in self._roster.stuck(_clock(), self.io_timeout_s):
+            error: BaseException
+            try:
+                pump(slot.engine, slot.channel, _clock())
+            except _ENGINE_FAILURES as exc:
+                error = exc
+            else:
+                if slot.channel.bytes_received != slot.quiet_mark:
+                    slot.note_progress(_clock())  # it was answering: not stuck
+                    continue
+                error = self._stuck_error(slot)
+            if self._take_out_now(slot):
+                found.append((slot, error))
+        if found:
+            self._changed()
+        return found
+
     def _fail_lane(self, exchange: SplitPredictExchange, lane: Lane,
                    error: BaseException) -> None:
         exchange.fail_lane(lane)
+        if exchange.failed_lanes > max(2, self.size):
+            # The call's own lines keep failing engines: stop dealing them out.
+            self._fail_slot(lane.key, error)
+            raise error
         self._fail_slot(lane.key, error)
 
     def _fail_slot(self, slot: Slot, error: BaseException) -> None:
@@ -577,8 +620,15 @@ class PoolBase(ClientBase):
         replacement in the background (for the generation it served, if
         still current)."""
         with self._state_lock():
-            replacing = self._take_out_now(slot)
+            in_service = self._take_out_now(slot)
             self._changed()
+        self._stop_failed(slot, error, in_service)
+
+    def _stop_failed(self, slot: Slot, error: BaseException, replacing: bool) -> None:
+        """Stop an engine taken out of service, and start its replacement
+        if it was in service for the current generation of an open pool."""
+        replacing = replacing and slot.generation == self._roster.generation and \
+            not self._closed
         self._log_failure(slot, error, replacing)
         slot.engine.kill()
         self._close_later([slot], 0.5)

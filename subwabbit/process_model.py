@@ -262,12 +262,20 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 return True
             entry = (me, token)
             self._turn_queue.append(entry)
-            while self._holder is not entry:
-                left = None if wait_until is None else wait_until - time.perf_counter()
-                if left is not None and left <= 0:
+            try:
+                while self._holder is not entry:
+                    left = None if wait_until is None else wait_until - time.perf_counter()
+                    if left is not None and left <= 0:
+                        self._turn_queue.remove(entry)
+                        return False
+                    self._turn.wait(left)
+            except BaseException:  # KeyboardInterrupt, a signal handler's exception
+                if self._holder is entry:  # handed to us meanwhile: pass it on
+                    self._holder = self._turn_queue.popleft() if self._turn_queue else None
+                    self._turn.notify_all()
+                elif entry in self._turn_queue:
                     self._turn_queue.remove(entry)
-                    return False
-                self._turn.wait(left)
+                raise
             return True
 
     def _turn_limit(self, began: float, deadline: Optional[float]) -> Optional[float]:

@@ -173,3 +173,18 @@ def test_a_stopped_engine_is_replaced_after_io_timeout_s(trained_model, truth):
             assert await pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
     run(main())
+
+
+def test_close_lets_tasks_in_progress_end_with_their_prefix(trained_model, truth):
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+        await pool.start()
+        task = asyncio.ensure_future(pool.predict(common(2), items(3000) * 40))
+        await asyncio.sleep(0.02)
+        began = time.perf_counter()
+        await pool.close(timeout=2.0)
+        assert time.perf_counter() - began < 2.5
+        got = await task
+        assert 0 < len(got) < 120000 and got == (truth[trained_model][2] * 40)[:len(got)]
+
+    run(main())

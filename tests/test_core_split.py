@@ -196,6 +196,10 @@ def test_roster_shares_engines_fairly_and_prefers_engines_without_leftovers():
     roster.calls, roster.waiting = 5, 0
     assert roster.share(0) == 1
     assert not roster.over_share(1, 0)
+    roster.calls = 2  # two calls running, none waiting: still an equal share each
+    assert roster.over_share(3, 0) and not roster.over_share(2, 0)
+    roster.calls = 1
+    assert not roster.over_share(4, 0)
 
 
 def test_roster_switch_closes_idle_old_engines_now_and_held_ones_on_give_back():

@@ -405,3 +405,36 @@ def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, sh
         for pid in pool.engine_pids():
             assert os.sched_getscheduler(pid) == os.SCHED_OTHER
             assert os.getpriority(os.PRIO_PROCESS, pid) == mine
+
+
+def test_close_lets_calls_in_progress_end_with_their_prefix(trained_model, truth):
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    results, errors = [], []
+
+    def long_call():
+        try:
+            results.append(pool.predict(common(2), items(3000) * 40))
+        except Exception as exc:  # pylint: disable=broad-except
+            errors.append(exc)
+
+    thread = threading.Thread(target=long_call)
+    thread.start()
+    time.sleep(0.02)
+    began = time.perf_counter()
+    pool.close(timeout=2.0)
+    assert time.perf_counter() - began < 2.0 + 0.5
+    thread.join(10)
+    assert errors == []
+    got = results[0]
+    assert 0 < len(got) < 120000 and got == (truth[trained_model][2] * 40)[:len(got)]
+
+
+def test_an_idle_engine_with_leftovers_is_not_taken_for_stuck(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          io_timeout_s=0.3, write_cutoff_s=0.0) as pool:
+        pool.predict(common(1), items(3000) * 20, timeout=0.003)  # leaves lines in flight
+        assert any(slot.channel.in_flight_lines for slot in pool._roster.slots)
+        time.sleep(0.5)  # longer than io_timeout_s, nobody reading their answers
+        for _ in range(5):
+            assert pool.predict(common(3), items(60)) == truth[trained_model][3][:60]
+        assert pool.stats()["engine_failures"] == 0

@@ -163,9 +163,9 @@ class Roster:
         return False
 
     def over_share(self, held: int, generation: int) -> bool:
-        """Whether a call that holds ``held`` engines should give one back
-        (another call waits, and it holds more than its share)."""
-        return held > 1 and self.waiting > 0 and held > self.share(generation)
+        """Whether a call that holds ``held`` engines should give one back:
+        other calls run or wait, and it holds more than its equal share."""
+        return held > 1 and self.calls + self.waiting > 1 and held > self.share(generation)
 
     def describe(self, generation: Optional[int] = None) -> str:
         """A short account for reprs and logs."""
