@@ -105,27 +105,19 @@ class AsyncVowpalWabbitPool(PoolBase):
         (input closed, then SIGTERM and SIGKILL). Calls in progress end at
         their next step with the predictions they have. Idempotent."""
         validate_seconds(timeout, "timeout", allow_none=False)
-        if self._closed:
-            return
-        self._closed = True
         began = _clock()
-        slots = list(self._roster.slots)
-        for slot in slots:
-            self._roster.remove(slot)
-        self._notify()
+        slots = self._begin_close_now()
+        if slots is None:
+            return
         for task in list(self._tasks):
             task.cancel()
-        if not self._in_forked_child():
-            # Calls in progress see the pool closed at their next step and
-            # give their engines back: let them, for half the time.
-            while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
-                await asyncio.sleep(0.001)
         if self._in_forked_child():
-            for slot in slots:
-                slot.engine.abandon_in_fork()
-            for group in self._groups.values():
-                group.abandon_in_fork()
+            self._abandon_in_fork(slots)
             return
+        # Calls in progress see the pool closed at their next step and give
+        # their engines back: let them, for half the time.
+        while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
+            await asyncio.sleep(0.001)
         loop = asyncio.get_running_loop()
         if slots:
             closing = [loop.run_in_executor(None, close_quietly, slot.engine, timeout)
@@ -266,22 +258,10 @@ class AsyncVowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
-        if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._reload_argv(vw_args)
+        argv = self._check_reload(timeout, vw_args)
         group, engines = await self._spawn(argv, self.size)
-        if self._closed:
-            for engine in engines:
-                engine.abort()
-            group.close()
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        idle, old_groups = self._switch_now(group, engines)
-        self._reloaded(vw_args, argv)
+        idle, old_groups = self._switch_to(group, engines, vw_args, argv)
         self._started = True
-        self._notify()
-        logger.info("reloaded the pool: generation %d, vw%s", self._roster.generation,
-                    [engine.pid for engine in engines])
         self._close_later(idle, timeout)
         loop = asyncio.get_running_loop()
         for old in old_groups:

@@ -226,23 +226,10 @@ class VowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
-        if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._reload_argv(vw_args)
+        argv = self._check_reload(timeout, vw_args)
         group, engines = self._spawn(argv, self.size)
         with self._cond:
-            if self._closed:
-                for engine in engines:
-                    engine.abort()
-                group.close()
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            idle, old_groups = self._switch_now(group, engines)
-            self._reloaded(vw_args, argv)
-            generation = self._roster.generation
-            self._cond.notify_all()
-        logger.info("reloaded the pool: generation %d, vw%s", generation,
-                    [engine.pid for engine in engines])
+            idle, old_groups = self._switch_to(group, engines, vw_args, argv)
         self._close_later(idle, timeout)
         for old in old_groups:
             old.close(timeout)
@@ -292,13 +279,9 @@ class VowpalWabbitPool(PoolBase):
         validate_seconds(timeout, "timeout", allow_none=False)
         deadline = _clock() + timeout
         with self._cond:
-            if self._closed:
+            slots = self._begin_close_now()
+            if slots is None:
                 return
-            self._closed = True
-            slots = list(self._roster.slots)
-            for slot in slots:
-                self._roster.remove(slot)
-            self._cond.notify_all()
             if not self._in_forked_child():
                 # Calls in progress see the pool closed at their next step and
                 # give their engines back: let them, for half the time.
@@ -306,10 +289,7 @@ class VowpalWabbitPool(PoolBase):
                 while any(slot.held for slot in slots) and _clock() < until:
                     self._cond.wait(until - _clock())
         if self._in_forked_child():
-            for slot in slots:
-                slot.engine.abandon_in_fork()
-            for group in self._groups.values():
-                group.abandon_in_fork()
+            self._abandon_in_fork(slots)
             return
         threads = []
         for slot in slots:

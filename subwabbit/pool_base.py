@@ -24,7 +24,7 @@ from .command import VwArgs
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
-from .deadlines import deadline_from_timeout, warn_if_milliseconds
+from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
@@ -334,6 +334,58 @@ class PoolBase(ClientBase):
         if in_service:
             self._counters["engine_failures"] += 1
         return in_service
+
+    def _check_reload(self, timeout: float, vw_args: VwArgs) -> List[str]:
+        """Check a reload's arguments before anything starts.
+
+        :returns: the new engines' command line
+        """
+        validate_seconds(timeout, "timeout", allow_none=False)
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        return self._reload_argv(vw_args)
+
+    def _switch_to(self, group: EngineGroup, engines: List[EngineProcess], vw_args: VwArgs,
+                   argv: List[str]) -> "tuple[List[Slot], List[EngineGroup]]":
+        """Serve new calls with a reload's started engines (state lock held);
+        stop them instead if the pool closed meanwhile.
+
+        :returns: see :meth:`_switch_now`
+        :raises VowpalWabbitError: when the pool closed during the reload
+        """
+        if self._closed:
+            for engine in engines:
+                engine.abort()
+            group.close()
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        switched = self._switch_now(group, engines)
+        self._reloaded(vw_args, argv)
+        self._changed()
+        logger.info("reloaded the pool: generation %d, vw%s", self._roster.generation,
+                    [engine.pid for engine in engines])
+        return switched
+
+    def _begin_close_now(self) -> Optional[List[Slot]]:
+        """Mark the pool closed and take every engine out of service (state
+        lock held).
+
+        :returns: the engines, or ``None`` when the pool was closed already
+        """
+        if self._closed:
+            return None
+        self._closed = True
+        slots = list(self._roster.slots)
+        for slot in slots:
+            self._roster.remove(slot)
+        self._changed()
+        return slots
+
+    def _abandon_in_fork(self, slots: List[Slot]) -> None:
+        """Closing in a forked child: let go of the parent's engines untouched."""
+        for slot in slots:
+            slot.engine.abandon_in_fork()
+        for group in self._groups.values():
+            group.abandon_in_fork()
 
     def _switch_now(self, group: EngineGroup, engines: List[Any]
                     ) -> "tuple[List[Slot], List[EngineGroup]]":
