@@ -178,7 +178,9 @@ def test_nonblocking_restart_on_crash_keeps_every_deadline(trained_model, tmp_pa
             assert got == pytest.approx(expected[:len(got)], abs=1e-6)
             break
         assert empty >= 1  # the replacement took longer than one call to start
-        assert max(lateness) < 0.020, lateness  # generous: 2 shared cores
+        # generous: 2 shared cores, a replacement starting on them (an engine takes
+        # about 0.3 s to start, which a call that waited for it would show)
+        assert max(lateness) < 0.100, lateness
         assert model.pid != first_pid and model.restart_count == 1
         assert list(model.predict(common, items(300))) == pytest.approx(expected, abs=1e-6)
 
