@@ -558,7 +558,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                                  lines, self.io_timeout_s))
             finally:
                 self._turn.release()
-            learnt = len(lines)
+            # a multi-line example's lines are its shared line and one per item
+            learnt = len(lines) - 1 if self.prediction_kind.multi_line and lines else len(lines)
         finally:
             self._finish_train(metrics, start, learnt)
 

@@ -287,6 +287,8 @@ class ClientBase:
         weights = (_take_along(weights, len(items), "weights") if weighted
                    else [None] * len(items))
         kind = self.prediction_kind
+        if kind.multi_line and not items:
+            return []  # no example at all (a multi-line example needs its items)
         labels = kind.check_labels(labels)
         kind.check_weights(weights)
         formatter = self.formatter

@@ -613,7 +613,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 if lines:
                     self._run(SendExchange(channel, channel.begin(keep=False), lines,
                                            self.io_timeout_s))
-            learnt = len(lines)
+            # a multi-line example's lines are its shared line and one per item
+            learnt = len(lines) - 1 if self.prediction_kind.multi_line and lines else len(lines)
         finally:
             self._finish_train(metrics, start, learnt)
 

@@ -301,6 +301,28 @@ def test_a_failed_node_aborts_the_others_with_its_words():
         assert rendezvous.wait_until_stopped(5) == []
 
 
+def test_an_engine_lost_after_its_kid_count_fails_the_job_naming_it():
+    """The tree is never formed without it, and the failure names the node
+    (not "the rendezvous failed"), within the grace period."""
+    with Rendezvous(13, 2) as rendezvous:
+        tasks = [FakeTask(rendezvous, 13, node) for node in range(2)]
+        engines = [FakeEngine(rendezvous, 13, 2, node) for node in range(2)]
+        assert [engine.ok() for engine in engines] == [1, 1]
+        for task in tasks:
+            task.sock.sendall(b"F")
+        kids = [struct.unpack("<H", engine.recv(2))[0] for engine in engines]
+        parent = kids.index(1)  # the engine with a kid is the other's parent
+        engines[parent].sock.close()  # dies before telling its listening port
+        engines[1 - parent].sock.sendall(struct.pack("!H", 30000))
+        deadline = time.monotonic() + 10
+        while rendezvous.failure is None and time.monotonic() < deadline:
+            rendezvous.wait(0.05)
+        assert rendezvous.failure is not None and rendezvous.failure[0] == parent
+        assert rendezvous.tree_formed_at is None
+        for task in tasks:
+            task.sock.close()
+
+
 def test_a_task_that_vanishes_fails_the_job():
     with Rendezvous(12, 2) as rendezvous:
         tasks = [FakeTask(rendezvous, 12, node) for node in range(2)]

@@ -657,3 +657,13 @@ def test_a_reload_cannot_change_the_kind_of_model(tmp_path):
     with VowpalWabbitNonBlockingProcess(FORMATTER, ["--quiet"]) as model:
         with pytest.raises(ValueError, match="kind of model"):
             model.reload(["--cb_explore_adf", "--quiet"])
+
+
+def test_multi_line_train_metrics_count_items_and_an_empty_call_sends_nothing():
+    seen = []
+    with VowpalWabbitProcess(FORMATTER, ["--cb_explore_adf", "--quiet"],
+                             metrics_hook=seen.append) as model:
+        model.train(*request(3, 5), adf_labels(3, 5))
+        model.train({"user": 1}, [], [])  # no items: no example, no error
+        assert [m["num_lines"] for m in seen if m["method"] == "train"] == [5, 0]
+        assert len(list(model.predict(*request(4, 5)))) == 5

@@ -7,12 +7,14 @@ nodes' reports or stops every node and raises. :func:`train` runs a job and
 writes node 0's model.
 """
 
+import contextlib
 import dataclasses
 import ipaddress
 import logging
 import os
 import secrets
 import time
+import uuid
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
@@ -360,10 +362,17 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
     result = run_job(client, shards, formatter, vw_args, timeout_s=timeout_s, keep_models=(0,),
                      **options)
     path = os.fspath(model_path)
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(result.models[0])
-    os.replace(temporary, path)
+    # A name of its own (two jobs of one process may write the same path),
+    # never left behind.
+    temporary = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(result.models[0])
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     logger.info("distributed training: %d lines on %d nodes in %.1f s; model written to %s",
                 result.lines, len(result.reports), result.seconds, path)
     return path

@@ -288,8 +288,12 @@ def run_node(spec: NodeSpec, node: int, shard: Iterable[Any]) -> NodeReport:
     """
     started_at = time.time()
     _leave_thread_pool()
-    link = ControlLink(spec.span_server, spec.span_server_port, spec.unique_id, node)
     directory = tempfile.mkdtemp(prefix=f"subwabbit-node{node}-")
+    try:
+        link = ControlLink(spec.span_server, spec.span_server_port, spec.unique_id, node)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     try:
         return _train(spec, node, shard, link, directory, started_at)
     except BaseException as exc:

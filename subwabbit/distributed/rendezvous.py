@@ -459,6 +459,9 @@ class Rendezvous:
             self._read_engine(connection)
 
     def _send_parents_when_ready(self) -> None:
+        if self.failure is not None or self._engine_lost is not None \
+                or len(self._engines) < self.total:
+            return  # an engine left: the tree cannot be formed (its failure is on the way)
         if any(connection.port is None for connection in self._engines.values()):
             return
         with self._changed:
