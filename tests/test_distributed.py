@@ -679,3 +679,33 @@ class WorkerKillingShard:
             if index == 10:
                 os.kill(os.getpid(), signal.SIGKILL)
             yield call
+
+
+def test_a_warm_start_from_a_bandit_model_file_trains_with_prediction_type(cluster2, tmp_path):
+    """A ``-i`` model file carries its reductions: ``prediction_type=`` tells
+    the nodes to lay out multi-line examples (shared line, one line per
+    action, an empty line), and the model they make serves as a bandit."""
+    from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
+
+    formatter = VowpalWabbitDummyFormatter()
+    actions = [f"|a x{index}" for index in range(4)]
+
+    def example(user, shown):
+        labels = [(float(user % 2 != shown % 2), 0.25) if position == shown else None
+                  for position in range(4)]
+        return (f"|u u{user % 3}", actions, labels)
+
+    start = str(tmp_path / "start.vw")
+    with VowpalWabbitProcess(formatter, ["--cb_explore_adf", "--quiet", "-f", start],
+                             write_only=True) as trainer:
+        for user in range(20):
+            trainer.train(*example(user, user % 4))
+    shards = [[example(user, (user * 3) % 4) for user in range(node, 80, 2)]
+              for node in range(2)]
+    model = str(tmp_path / "model.vw")
+    train(cluster2, shards, formatter, ["-i", start, "--quiet"], model, timeout_s=120,
+          prediction_type="cb_explore_adf")
+    with VowpalWabbitNonBlockingProcess(formatter, ["-i", model, "-t", "--quiet"],
+                                        prediction_type="cb_explore_adf") as served:
+        probabilities = list(served.predict("|u u1", actions))
+    assert len(probabilities) == 4 and abs(sum(probabilities) - 1.0) < 1e-3

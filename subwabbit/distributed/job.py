@@ -163,7 +163,8 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
             timeout_s: float = 600.0, keep_models: Sequence[int] = (0,),
             rendezvous_host: Optional[str] = None, rendezvous_port: int = 0,
             vw_command: Union[str, Sequence[str], None] = None,
-            batch_size: int = 50, reproducible: bool = False) -> JobResult:
+            batch_size: int = 50, reproducible: bool = False,
+            prediction_type: Optional[str] = None) -> JobResult:
     """Train one model on many workers with VW's AllReduce, and return every
     node's report (the lower-level form of :func:`train`).
 
@@ -192,6 +193,10 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         from run to run; a chain adds in one order, and the same shards give
         the same weights bit for bit (each pass then crosses ``N - 1`` links
         instead of about ``log2(N)``)
+    :param prediction_type: the kind of model, when ``vw_args`` do not show
+        it (a warm start with ``-i`` from a model file that carries its
+        reductions, such as ``'cb_explore_adf'``): it decides how each node
+        lays out and checks its training lines
     :returns: the job's result
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time; every node's engine is stopped first
@@ -222,7 +227,8 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         spec = NodeSpec(formatter=formatter, vw_args=tuple(tokens), total=total,
                         unique_id=unique_id, span_server=host,
                         span_server_port=rendezvous.port, keep_models=keep,
-                        timeout_s=timeout_s, vw_command=vw_command, batch_size=batch_size)
+                        timeout_s=timeout_s, vw_command=vw_command, batch_size=batch_size,
+                        prediction_type=prediction_type)
         futures: List[Any] = []
         try:
             futures = _submit(client, spec, sources, slots)
@@ -354,7 +360,8 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
     :param model_path: where node 0's model is written (replaced atomically)
     :param timeout_s: the most the whole job may take
     :param options: passed to :func:`run_job` (``rendezvous_host``,
-        ``rendezvous_port``, ``vw_command``, ``batch_size``, ``reproducible``)
+        ``rendezvous_port``, ``vw_command``, ``batch_size``, ``reproducible``,
+        ``prediction_type``)
     :returns: ``model_path``
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time (no model is written)

@@ -57,6 +57,8 @@ class NodeSpec:
     :ivar timeout_s: the job's time limit (a node never waits longer for its engine)
     :ivar vw_command: the engine command (``None``: the workers' default)
     :ivar batch_size: lines per write of the write-only processes
+    :ivar prediction_type: the kind of model, when ``vw_args`` do not show it
+        (a warm start from a ``-i`` model file that carries its reductions)
     """
 
     formatter: VowpalWabbitBaseFormatter
@@ -69,6 +71,7 @@ class NodeSpec:
     timeout_s: float
     vw_command: Union[str, Sequence[str], None] = None
     batch_size: int = 50
+    prediction_type: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -322,7 +325,8 @@ def _train(spec: NodeSpec, node: int, shard: Iterable[Any], link: ControlLink, d
                      else None)
     process = VowpalWabbitProcess(spec.formatter, args, batch_size=spec.batch_size,
                                   write_only=True, vw_command=guarded_command(spec.vw_command),
-                                  startup_timeout_s=min(spec.timeout_s, 60.0))
+                                  startup_timeout_s=min(spec.timeout_s, 60.0),
+                                  prediction_type=spec.prediction_type)
     try:
         engine_started_at = time.time()
         engine = process.vw_process
