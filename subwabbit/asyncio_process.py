@@ -28,7 +28,8 @@ from .lines import check_line, parse_scalar
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
 from .saving import ModelSave
-from .transfer import check_probe_result, pump, startup_probe
+from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, pump,
+                       startup_probe)
 
 logger = logging.getLogger("subwabbit")
 
@@ -38,13 +39,6 @@ _clock = time.perf_counter
 #: wait that should end at a deadline is set this much earlier, and the last
 #: stretch is covered by yielding to the loop without sleeping.
 _LOOP_TIMER_SLACK_S = 0.001
-
-#: The longest a call works without giving the event loop a turn.
-_YIELD_AFTER_S = 0.0005
-
-#: Errors after which the engine's output can no longer be matched to calls.
-_ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                    VowpalWabbitTimeoutError)
 
 
 class _FifoTurn:
@@ -366,7 +360,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 exc.stderr_tail = engine.stderr_tail()
                 raise
             if moved:
-                if _clock() - yielded_at >= _YIELD_AFTER_S:
+                if _clock() - yielded_at >= YIELD_AFTER_S:
                     await asyncio.sleep(0)
                     yielded_at = _clock()
                 continue
@@ -379,7 +373,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         assert engine is not None
         try:
             return await self._drive(engine, exchange, detailed)
-        except _ENGINE_FAILURES as exc:
+        except ENGINE_FAILURES as exc:
             engine.add_context(exc)
             self._fail(exc)
             raise

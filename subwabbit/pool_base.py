@@ -27,18 +27,13 @@ from .core.split import Lane, SplitPredictExchange
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
-from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
-                     VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
+from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
-from .transfer import pump
+from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump
 
 logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
-
-#: Errors after which an engine's output can no longer be matched to calls.
-_ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                    VowpalWabbitTimeoutError)
 
 #: How long the report of a failed engine waits for its exit status.
 _STATUS_WAIT_S = 0.05
@@ -72,9 +67,6 @@ class GiveTheLoopATurn(NamedTuple):
 
 #: What a pool call may wait for.
 Wait = Union[WaitForPipes, WaitForEngine, GiveTheLoopATurn]
-
-#: The longest a call works without offering the event loop a turn.
-YIELD_AFTER_S = 0.0005
 
 
 def smaps_rollup(pid: int) -> Dict[str, int]:
@@ -599,7 +591,7 @@ class PoolBase(ClientBase):
                 try:
                     if pump(lane.key.engine, lane.channel, status_until):
                         moved = True
-                except _ENGINE_FAILURES as exc:
+                except ENGINE_FAILURES as exc:
                     self._fail_lane(exchange, lane, exc)
                     moved = True
             if moved:
@@ -645,7 +637,7 @@ class PoolBase(ClientBase):
             error: BaseException
             try:
                 pump(slot.engine, slot.channel, _clock())
-            except _ENGINE_FAILURES as exc:
+            except ENGINE_FAILURES as exc:
                 error = exc
             else:
                 if slot.channel.bytes_received != slot.quiet_mark:

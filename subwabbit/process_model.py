@@ -23,20 +23,18 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictEx
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
-from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
-                     VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
+from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
+                     VowpalWabbitTimeoutError)
 from .lines import check_line, parse_scalar
 from .saving import ModelSave
 from .sync_driver import drive, run, start_engine, wait_for_file
+# ENGINE_FAILURES stays importable from here, as in 3.0.
+from .transfer import ENGINE_FAILURES
 
 logger = logging.getLogger("subwabbit")
 
 # How long a restart gives an engine that already failed to exit before SIGKILL.
 _FAILED_ENGINE_CLOSE_S = 0.5
-
-#: Errors after which the engine's output can no longer be matched to calls.
-ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                   VowpalWabbitTimeoutError)
 
 
 class _Replacement:

@@ -12,9 +12,17 @@ from .core.channel import Channel
 from .core.exchanges import ProbeExchange
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
-from .errors import VowpalWabbitProtocolError
+from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
+                     VowpalWabbitTimeoutError)
 
 _clock = time.perf_counter
+
+#: Errors after which an engine's output can no longer be matched to calls.
+ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
+                   VowpalWabbitTimeoutError)
+
+#: The longest an event-loop driver works without giving the loop a turn.
+YIELD_AFTER_S = 0.0005
 
 
 def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[float],

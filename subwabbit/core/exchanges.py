@@ -19,7 +19,7 @@ without a hard deadline). The driver never decides when a call is over.
 """
 
 import itertools
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
@@ -238,10 +238,8 @@ class PredictExchange(Exchange):
         """Format up to ``want`` more items (fewer when they run out: then
         :attr:`producing` turns false), timing it for ``detailed_metrics``."""
         began = self._clock() if self._detailed is not None and self._clock else 0.0
-        format_item = self._format_item
-        common, debug_info = self._common_features, self._debug_info
-        parts = [format_item(common, item, debug_info=debug_info)
-                 for item in itertools.islice(self._items, want)]
+        parts = format_next(self._format_item, self._common_features, self._items, want,
+                            self._debug_info)
         if len(parts) < want:
             self.producing = False
         if self._detailed is not None and self._clock:
@@ -345,6 +343,14 @@ def new_predict_exchange(channel: Channel, call: Call, *, kind: Any,
     if kind.multi_line:
         return MultiLinePredictExchange(channel, call, kind=kind, **kwargs)
     return PredictExchange(channel, call, parse=kind.parse_answers, **kwargs)
+
+
+def format_next(format_item: Callable[..., Any], common_features: Any, items: Iterator[Any],
+                want: int, debug_info: Any) -> List[Any]:
+    """The formatted parts of the next ``want`` items of ``items`` (fewer
+    when it runs out), as ``format_item_features`` returns them."""
+    return [format_item(common_features, item, debug_info=debug_info)
+            for item in itertools.islice(items, want)]
 
 
 def _line_joiner(formatter: Any, common_part: str,

@@ -22,13 +22,12 @@ predictions).
 """
 
 import collections
-import itertools
 import math
 from typing import Any, Deque, Hashable, Iterable, List, Optional
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
-from .exchanges import Parser, _line_joiner, check_item_parts
+from .exchanges import Parser, _line_joiner, check_item_parts, format_next
 
 
 class _Batch:
@@ -251,15 +250,11 @@ class SplitPredictExchange:
         """A multi-line kind: format ``want`` more items (one step's share, so
         that an event loop gets turns); when they have all been formatted, the
         example is one batch, queued whole on one lane."""
-        format_item = self._format_item
-        common, debug_info = self._common_features, self._debug_info
-        parts = [format_item(common, item, debug_info=debug_info)
-                 for item in itertools.islice(self._items, want)]
+        parts = self._next_parts(want)
         check_item_parts(parts, len(self._parts))
         self._parts += parts
-        if len(parts) == want:
+        if self._items_left:
             return
-        self._items_left = False
         if self._parts:
             batch = _Batch(0, self._parts)
             self._parts = []
@@ -268,13 +263,17 @@ class SplitPredictExchange:
             lane = min((lane for lane in self.lanes if not lane.retiring), key=_in_flight)
             self._give(lane, batch, batch.lines)
 
-    def _format(self, want: int) -> Optional[_Batch]:
-        format_item = self._format_item
-        common, debug_info = self._common_features, self._debug_info
-        parts = [format_item(common, item, debug_info=debug_info)
-                 for item in itertools.islice(self._items, want)]
+    def _next_parts(self, want: int) -> List[Any]:
+        """The next ``want`` items formatted (fewer when they run out: then
+        no item is left)."""
+        parts = format_next(self._format_item, self._common_features, self._items, want,
+                            self._debug_info)
         if len(parts) < want:
             self._items_left = False
+        return parts
+
+    def _format(self, want: int) -> Optional[_Batch]:
+        parts = self._next_parts(want)
         if not parts:
             return None
         batch = _Batch(self.formatted, self._join(parts, self.formatted))
