@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from typing import Any, List, Optional, Sequence
 
 import pytest
@@ -84,6 +85,71 @@ def trained_model(tmp_path_factory: Any) -> str:
                                                "--passes", "1"],
                    check=True, timeout=120, stdout=subprocess.DEVNULL)
     return str(model)
+
+
+def items(count: int, start: int = 0) -> List[Any]:
+    """``count`` items of DictFormatter's shape, ids cycling through 50 from ``start``."""
+    return [{"id": (start + index) % 50} for index in range(count)]
+
+
+def expected_for(formatter: VowpalWabbitBaseFormatter, trained_model: str, tmp_path: Any,
+                 common: Any, its: Sequence[Any]) -> List[float]:
+    """The engine's predictions for ``its`` under the trained model, read from a file."""
+    return expected_scalars(format_lines(formatter, common, its), scoring_args(trained_model),
+                            tmp_path)
+
+
+#: A vw stand-in that answers every example with 0, ignores SIGTERM and does
+#: not exit when its input closes (vw answers nothing to an empty line).
+STUBBORN_ENGINE = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for line in sys.stdin:
+        if line == "\\n":
+            continue  # vw answers nothing to an empty line
+        sys.stdout.write("0\\n")
+        sys.stdout.flush()
+    while True:  # input closed: a well-behaved engine would exit now
+        time.sleep(1)
+""")
+
+
+def common(user: int) -> Any:
+    """The common features of a request of ``user``, with a context token."""
+    return {"user": user, "ctx": [f"k{user % 4}"]}
+
+
+@pytest.fixture(scope="session")
+def second_model(trained_model, tmp_path_factory):
+    """Another model of the same features that scores differently."""
+    directory = tmp_path_factory.mktemp("model2")
+    formatter = DictFormatter()
+    lines = []
+    for request in range(60):
+        batch = items(10, request * 3)
+        labels = [1 if item["id"] % 2 else -1 for item in batch]
+        lines += format_lines(formatter, common(request % 9), batch, labels)
+    data = directory / "train.txt"
+    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    model = directory / "model.vw"
+    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(model), "--quiet",
+                                               "--loss_function", "logistic", "-q", "ui"],
+                   check=True, timeout=120, stdout=subprocess.DEVNULL)
+    return str(model)
+
+
+@pytest.fixture(scope="session")
+def truth(trained_model, second_model, tmp_path_factory):
+    """truth[model][user]: the engine's predictions for items(3000) of that user."""
+    tmp_path = tmp_path_factory.mktemp("truth")
+    formatter = DictFormatter()
+    table = {}
+    for model in (trained_model, second_model):
+        table[model] = {}
+        for user in range(6):
+            lines = format_lines(formatter, common(user), items(3000))
+            table[model][user] = expected_scalars(lines, scoring_args(model), tmp_path)
+    return table
 
 
 #: Arguments that load the trained model for scoring.

@@ -4,7 +4,6 @@ import asyncio
 import os
 import signal
 import sys
-import textwrap
 import time
 
 import pytest
@@ -12,17 +11,8 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
 
-from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
-                      scoring_args)
-
-
-def items(count, start=0):
-    return [{"id": (start + index) % 50} for index in range(count)]
-
-
-def expected_for(formatter, trained_model, tmp_path, common, its):
-    return expected_scalars(format_lines(formatter, common, its), scoring_args(trained_model),
-                            tmp_path)
+from conftest import (STUBBORN_ENGINE, DictFormatter, children_of_this_process, expected_for,
+                      items, scoring_args)
 
 
 def run(coroutine):
@@ -266,19 +256,6 @@ def test_a_silent_engine_fails_start_up_close_to_the_timeout(tmp_path):
 
     assert 0.5 <= run(main()) < 0.5 + 0.2
     assert children_of_this_process() == before
-
-
-STUBBORN_ENGINE = textwrap.dedent("""
-    import signal, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for line in sys.stdin:
-        if line == "\\n":
-            continue  # vw answers nothing to an empty line
-        sys.stdout.write("0\\n")
-        sys.stdout.flush()
-    while True:
-        time.sleep(1)
-""")
 
 
 def test_close_of_a_stubborn_engine_keeps_the_loop_running(tmp_path):

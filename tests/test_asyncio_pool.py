@@ -10,8 +10,7 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
-from conftest import DictFormatter, scoring_args
-from test_pool import common, items, second_model, truth  # noqa: F401  (fixtures)
+from conftest import DictFormatter, common, items, scoring_args
 
 
 def run(coroutine):

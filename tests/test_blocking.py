@@ -11,13 +11,9 @@ from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess, VowpalWabbitStartupError)
 
 from conftest import (children_of_this_process, engine_from_file, expected_scalars, format_lines,
-                      open_fds, scoring_args)
+                      items, open_fds, scoring_args)
 
 COMMON = {"user": 3, "ctx": ["k1", "k2"]}
-
-
-def items(count, start=0):
-    return [{"id": (start + index) % 50} for index in range(count)]
 
 
 @pytest.fixture

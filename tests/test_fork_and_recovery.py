@@ -22,15 +22,11 @@ from subwabbit import (VowpalWabbitDummyFormatter,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process,
-                      expected_scalars, format_lines, in_child, scoring_args)
+from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process, expected_scalars,
+                      format_lines, in_child, items, scoring_args)
 
 SYNC_CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 SYNC_IDS = ["blocking", "nonblocking"]
-
-
-def items(count, start=0):
-    return [{"id": (start + index) % 50} for index in range(count)]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)

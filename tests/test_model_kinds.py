@@ -300,6 +300,14 @@ def _check(name: str, got: List[Any], expected: List[Any]) -> None:
         assert got == expected[:len(got)]
 
 
+async def _cancelled(call: Any, after_s: float) -> None:
+    """Cancel ``call`` (a coroutine) after ``after_s``, whatever it did by then."""
+    try:
+        await asyncio.wait_for(call, after_s)
+    except asyncio.TimeoutError:
+        pass
+
+
 @pytest.mark.parametrize("client_kind", ALL_KINDS)
 @pytest.mark.parametrize("name", ["oaa", "cb_explore_adf"])
 def test_deadline_leftovers_and_abandoned_calls_never_reach_a_later_call(name, client_kind,
@@ -318,13 +326,17 @@ def test_deadline_leftovers_and_abandoned_calls_never_reach_a_later_call(name, c
                 got = client.predict(*request(index, size), timeout=0.0005 * (round_ + 1))
                 _check(name, got, expected[position])
                 saw_leftovers = saw_leftovers or client.model.pending_lines > 0
+                other = (position + 1) % 4
                 if client_kind != "asyncio":  # an abandoned iterator, of another request
-                    other = (position + 1) % 4
                     iterator = client.model.predict(*request(*requests[other]))
                     assert next(iterator, None) == expected[other][0]
                     saw_leftovers = saw_leftovers or client.model.pending_lines > 0
                     del iterator
                     gc.collect()
+                else:  # a cancelled call, of another request
+                    client.loop.run_until_complete(_cancelled(
+                        client.model.predict(*request(*requests[other])), after_s=0.0003))
+                    saw_leftovers = saw_leftovers or client.model.pending_lines > 0
             assert client.predict(*request(300, 9)) == expected[-1]
         assert saw_leftovers  # the test did leave work in flight
         for position, (index, size) in enumerate(requests):

@@ -9,13 +9,9 @@ import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitNonBlockingProcess
 
-from conftest import expected_scalars, format_lines, scoring_args
+from conftest import expected_scalars, format_lines, items, scoring_args
 
 COMMON = {"user": 4, "ctx": ["k3"]}
-
-
-def items(count, start=0):
-    return [{"id": (start + index) % 50} for index in range(count)]
 
 
 @pytest.fixture

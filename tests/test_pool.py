@@ -17,48 +17,7 @@ import pytest
 from subwabbit import (VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError)
 from subwabbit.command import default_engine_command
 
-from conftest import DictFormatter, expected_scalars, format_lines, proc_stat, scoring_args
-
-
-def items(count, start=0):
-    return [{"id": (start + index) % 50} for index in range(count)]
-
-
-def common(user):
-    return {"user": user, "ctx": [f"k{user % 4}"]}
-
-
-@pytest.fixture(scope="module")
-def second_model(trained_model, tmp_path_factory):
-    """Another model of the same features that scores differently."""
-    directory = tmp_path_factory.mktemp("model2")
-    formatter = DictFormatter()
-    lines = []
-    for request in range(60):
-        batch = items(10, request * 3)
-        labels = [1 if item["id"] % 2 else -1 for item in batch]
-        lines += format_lines(formatter, common(request % 9), batch, labels)
-    data = directory / "train.txt"
-    data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    model = directory / "model.vw"
-    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(model), "--quiet",
-                                               "--loss_function", "logistic", "-q", "ui"],
-                   check=True, timeout=120, stdout=subprocess.DEVNULL)
-    return str(model)
-
-
-@pytest.fixture(scope="module")
-def truth(trained_model, second_model, tmp_path_factory):
-    """truth[model][user]: the engine's predictions for items(3000) of that user."""
-    tmp_path = tmp_path_factory.mktemp("truth")
-    formatter = DictFormatter()
-    table = {}
-    for model in (trained_model, second_model):
-        table[model] = {}
-        for user in range(6):
-            lines = format_lines(formatter, common(user), items(3000))
-            table[model][user] = expected_scalars(lines, scoring_args(model), tmp_path)
-    return table
+from conftest import DictFormatter, common, items, proc_stat, scoring_args
 
 
 @pytest.fixture

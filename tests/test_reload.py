@@ -12,8 +12,7 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import DictFormatter, proc_stat, scoring_args
-from test_pool import common, items, second_model, truth  # noqa: F401  (fixtures)
+from conftest import DictFormatter, common, items, proc_stat, scoring_args
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
 

@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -23,20 +22,12 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
-from conftest import (DictFormatter, children_of_this_process, expected_scalars, format_lines,
-                       open_fds, proc_stat, scoring_args)
+from conftest import (STUBBORN_ENGINE, DictFormatter, children_of_this_process, expected_for,
+                       expected_scalars, format_lines, open_fds, proc_stat, scoring_args)
+from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 CLASS_IDS = ["blocking", "nonblocking"]
-
-
-def _items(count, offset=0):
-    return [{"id": (offset + index) % 50} for index in range(count)]
-
-
-def _expected(formatter, trained_model, tmp_path, common, items):
-    return expected_scalars(format_lines(formatter, common, items), scoring_args(trained_model),
-                            tmp_path)
 
 
 def _resume(process_id):
@@ -53,7 +44,7 @@ def test_sigkill_mid_call_raises_with_details_and_restart_recovers(cls, trained_
     formatter = DictFormatter()
     common = {"user": 3}
     items = _items(5000)
-    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    expected = expected_for(formatter, trained_model, tmp_path, common, items)
     with cls(formatter, scoring_args(trained_model)) as model:
         engine_pid = model.pid
         got = []
@@ -99,7 +90,7 @@ def test_restart_on_crash_restarts_once_counts_and_logs(cls, trained_model, tmp_
     formatter = DictFormatter()
     common = {"user": 5, "ctx": ["k1"]}
     items = _items(300)
-    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    expected = expected_for(formatter, trained_model, tmp_path, common, items)
     hooked = []
     with cls(formatter, scoring_args(trained_model), restart_on_crash=True,
              metrics_hook=hooked.append) as model:
@@ -145,7 +136,7 @@ def test_blocking_io_timeout_raises_instead_of_waiting_forever(trained_model, tm
     formatter = DictFormatter()
     common = {"user": 1}
     items = _items(200)
-    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    expected = expected_for(formatter, trained_model, tmp_path, common, items)
     with VowpalWabbitProcess(formatter, scoring_args(trained_model), io_timeout_s=0.5) as model:
         stopped = model.pid
         os.kill(stopped, signal.SIGSTOP)
@@ -195,7 +186,7 @@ def test_nonblocking_stalled_engine_never_makes_calls_late(trained_model, tmp_pa
     formatter = DictFormatter()
     common = {"user": 2}
     items = _items(1000)
-    expected = _expected(formatter, trained_model, tmp_path, common, items)
+    expected = expected_for(formatter, trained_model, tmp_path, common, items)
     with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model)) as model:
         assert list(model.predict(common, items)) == pytest.approx(expected)
         os.kill(model.pid, signal.SIGSTOP)
@@ -243,19 +234,6 @@ def test_close_of_a_stopped_engine_returns_within_its_timeout(cls, trained_model
     assert engine_pid not in children_of_this_process()
 
 
-STUBBORN_ENGINE = textwrap.dedent("""
-    import signal, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for line in sys.stdin:
-        if line == "\\n":
-            continue  # vw answers nothing to an empty line
-        sys.stdout.write("0\\n")
-        sys.stdout.flush()
-    while True:  # input closed: a well-behaved engine would exit now
-        time.sleep(1)
-""")
-
-
 def test_close_kills_an_engine_that_ignores_eof_and_sigterm(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_ENGINE)
@@ -296,7 +274,7 @@ def test_threads_sharing_a_process_each_get_their_own_predictions(cls, trained_m
     requests = []
     for index in range(48):
         common = {"user": index % 9, "ctx": [f"k{index % 4}"]}
-        requests.append((common, _items(rng.randint(1, 400), offset=rng.randint(0, 49))))
+        requests.append((common, _items(rng.randint(1, 400), rng.randint(0, 49))))
     all_lines = [line for common, items in requests for line in format_lines(formatter, common, items)]
     flat = expected_scalars(all_lines, scoring_args(trained_model), tmp_path)
     expected, position = [], 0
