@@ -113,7 +113,6 @@ class SplitPredictExchange:
         self._now = 0.0
         self.batch_size = batch_size
         self.max_in_flight_lines = max(max_in_flight_lines, batch_size)
-        self.deadline = deadline
         #: when the call ends whatever is in flight
         self.end_at = deadline
         self.idle_s = idle_s
