@@ -29,6 +29,10 @@ def drive(engine: EngineProcess, exchange: Exchange,
     channel = exchange.channel
     status_deadline = exchange.end_at
     reads = engine.prints_answers
+    # Whether stdout may hold something: a read that finds the pipe empty is a
+    # system call for nothing (and, after each write, it nearly always did), so
+    # after one, read again only once the wait says a pipe is ready.
+    may_read = True
     while True:
         results = exchange.step(_clock())
         if results:
@@ -36,8 +40,12 @@ def drive(engine: EngineProcess, exchange: Exchange,
             continue  # step again first: the caller may have started another call meanwhile
         if exchange.done:
             return
-        if not pump(engine, channel, status_deadline, detailed):
-            engine.wait(reads, channel.unwritten_bytes > 0, exchange.wake_at())
+        received = channel.bytes_received
+        moved = pump(engine, channel, status_deadline, detailed, read=may_read)
+        if may_read and channel.bytes_received == received:
+            may_read = False
+        if not moved:
+            may_read = engine.wait(reads, channel.unwritten_bytes > 0, exchange.wake_at())
 
 
 def run(engine: EngineProcess, exchange: Exchange) -> List[Any]:

@@ -26,12 +26,14 @@ YIELD_AFTER_S = 0.0005
 
 
 def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[float],
-         detailed: Optional[Dict[str, List[Any]]] = None) -> bool:
+         detailed: Optional[Dict[str, List[Any]]] = None, read: bool = True) -> bool:
     """Write what the stdin pipe takes and read what stdout holds, once each.
 
     :param status_deadline: how long an error report may wait for a dead
         engine's exit status (the call's hard deadline, if any)
     :param detailed: when given, receives ``sending_*``/``receiving_*`` entries
+    :param read: whether to read (``False``: only write, when the caller knows
+        that stdout was empty a moment ago and has not waited since)
     :returns: whether any byte moved
     :raises VowpalWabbitEngineExitedError: at EOF or a broken pipe
     """
@@ -45,7 +47,7 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
             detailed["sending_lines_time"].append((now, now - began))
             if "sending_bytes" in detailed:
                 detailed["sending_bytes"].append((now, written))
-    if engine.prints_answers:
+    if read and engine.prints_answers:
         began = _clock()
         data = engine.read_some(status_deadline)
         if data:

@@ -124,6 +124,40 @@ def test_loop_prints_and_saves_what_vw_prints_and_saves(args, tmp_path):
     assert vw[1].count(b"\n") == 2000 + 1 + len(NASTY_LINES) - 6
 
 
+def untagged_corpus() -> bytes:
+    """Lines that all start with ``|`` (no label, no tag: what ``predict``
+    sends), more than one read of the loop, with values that print as whole
+    numbers, infinities and NaNs among them."""
+    rng = random.Random(7)
+    lines = [f"|a f{rng.randrange(50)} g{rng.randrange(9)}:{rng.random():.3f} "
+             f"|b h{rng.randrange(30)} x".encode() for _ in range(6000)]
+    for index in range(0, 6000, 997):
+        lines[index] = rng.choice([b"|a v:nan", b"|a v:1e40", b"|a v:-1e40", b"|b", b"|a x:0"])
+    return b"\n".join(lines) + b"\n"
+
+
+@pytest.mark.parametrize("args", [LOOP_CONFIGS[0], LOOP_CONFIGS[1], "--quiet --binary",
+                                  "--quiet --link poisson --loss_function poisson"])
+def test_loop_prints_what_vw_prints_for_untagged_lines(args, tmp_path):
+    """The loop's path for chunks without labels or tags."""
+    data = untagged_corpus()
+    vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
+    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False)
+    assert vw[0] == 0 and loop[0] == 0
+    assert loop[1] == vw[1]
+    assert loop[1].count(b"\n") == 6000
+
+
+def test_untagged_tells_lines_without_label_or_tag():
+    untagged = engine._untagged  # pylint: disable=protected-access
+    assert untagged(b"|a x\n|b y\n") and untagged(b"|a x\n|b y") and untagged(b"|a x")
+    assert not untagged(b"1 |a x\n|b y\n")          # a label on the first line
+    assert not untagged(b"|a x\n't|b y\n")          # a tag on another
+    assert not untagged(b"|a x\n|b y\nsave|")       # a save command last, without newline
+    assert not untagged(b"|a x\n\n|b y\n")         # an empty line
+    assert not untagged(b" |a x\n")                 # a space before the bar
+
+
 def test_the_configurations_cover_every_learner_the_loop_serves():
     import pylibvw  # pylint: disable=import-outside-toplevel,import-error
     seen = set()
