@@ -279,23 +279,26 @@ class OneThreadLoop:
     def _serve_lines(self, text: bytes, output: List[str]) -> None:
         if not text.strip(b"\n"):
             return  # no example (the parser would hand back an empty one)
-        if _untagged(text):
-            self._serve_untagged(text, output)
-            return
+        # Lines that all start with "|" (predict's) have no label and no tag,
+        # hence no save command: asking the engine for each example's tag was a
+        # sixteenth of the loop.
+        tagged = not _untagged(text)
+        tag = ""
         workspace, learn, finish, prediction, tag_of, append = (
             self.workspace, self._learn, self._finish, self._prediction, self._tag, output.append)
         for index, example in enumerate(self._parse(text)):
-            try:
-                tag = tag_of(example)
-            except UnicodeDecodeError:
-                tag = _raw_tag(text, index)
-            if tag and tag.startswith("save") and self._namespaces(example) <= 1:
-                # A save command in another shape (features that vw drops, say):
-                # here it is counted in the engine's statistics, which vw's
-                # own driver does not do.
-                self._save(tag.encode("utf-8", "surrogateescape"))
-                finish(workspace, example)
-                continue
+            if tagged:
+                try:
+                    tag = tag_of(example)
+                except UnicodeDecodeError:
+                    tag = _raw_tag(text, index)
+                if tag and tag.startswith("save") and self._namespaces(example) <= 1:
+                    # A save command in another shape (features that vw drops, say):
+                    # here it is counted in the engine's statistics, which vw's
+                    # own driver does not do.
+                    self._save(tag.encode("utf-8", "surrogateescape"))
+                    finish(workspace, example)
+                    continue
             learn(workspace, example)
             value = prediction(example)
             finish(workspace, example)
@@ -304,21 +307,6 @@ class OneThreadLoop:
             if number == "nan":
                 number = scalar_text(value)
             append(f"{number} {tag}" if tag else number)
-            if len(output) == _ANSWER_LINES:
-                self._flush(output)
-
-    def _serve_untagged(self, text: bytes, output: List[str]) -> None:
-        """:meth:`_serve_lines` for lines that all start with ``|``: no label,
-        no tag, hence no save command, and nothing to print after the number.
-        (Asking the engine for each example's tag was a sixteenth of the loop.)"""
-        workspace, learn, finish, prediction, append = (
-            self.workspace, self._learn, self._finish, self._prediction, output.append)
-        for example in self._parse(text):
-            learn(workspace, example)
-            value = prediction(example)
-            finish(workspace, example)
-            number = "%.0f" % value if value.is_integer() else "%.6f" % value
-            append(scalar_text(value) if number == "nan" else number)
             if len(output) == _ANSWER_LINES:
                 self._flush(output)
 
