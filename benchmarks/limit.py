@@ -9,8 +9,9 @@ shutdown) subtracted:
   wall time of ``ENGINE -d FILE -p OUT`` minus the wall time of the same
   command on a one-line file, best of a few runs each. With ``-d`` the wheel
   engine runs vw's own driver (a parser thread and a learner thread); the
-  same file on stdin (``via_stdin``) measures the one-thread loop that
-  subwabbit's processes get.
+  same file on stdin (``via_stdin``) measures the engine as subwabbit's
+  single processes feed it (vw's own driver too, unless
+  ``SUBWABBIT_ENGINE_DRIVER=loop`` asks for the one-thread loop).
 * :func:`per_request_rates`: how fast the engine gets through each request's
   lines. The requests' lines go into one file, read by one engine that writes
   its predictions to a pipe; a reader wakes every 2 milliseconds, stamps
@@ -57,8 +58,9 @@ def run_engine(command: Sequence[str], args: Sequence[str], data_path: str,
     :param args: engine arguments (model, ``-t``, ...) without ``-d``/``-p``
     :param predictions_path: where the predictions go, or ``""`` for none
     :param via_stdin: feed the file on stdin and take the predictions from
-        stdout (``-p stdout``), as subwabbit does, instead of ``-d FILE -p FILE``;
-        the wheel engine then runs its one-thread loop instead of vw's own driver
+        stdout (``-p stdout``), as subwabbit does, instead of ``-d FILE -p FILE``
+        (the wheel engine's driver is then the one ``SUBWABBIT_ENGINE_DRIVER``
+        chooses: vw's own by default)
     :returns: ``(wall seconds, CPU seconds)`` of the whole run
     """
     argv = list(command) + list(args)

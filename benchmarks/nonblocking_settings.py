@@ -5,7 +5,11 @@ where each SETTING is ``max_pending_lines=40,write_cutoff_s=0.0005`` (any
 keyword arguments of :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess`
 that take numbers), or ``blocking`` for the blocking class with its defaults,
 or ``blocking:SETTING`` for the blocking class with settings
-(``blocking:max_lateness_s=0.001``).
+(``blocking:max_lateness_s=0.001``). ``driver=loop`` or ``driver=vw`` in a
+setting starts that setting's engine with ``SUBWABBIT_ENGINE_DRIVER`` set so
+(the wheel's engine: its one-thread loop or vw's own two threads), so that
+``python -m benchmarks.nonblocking_settings driver=loop driver=vw
+blocking:driver=loop blocking:driver=vw`` compares the drivers call by call.
 
 Every request is served by each setting in turn, so that a change in the
 machine's speed hits all of them alike. Prints the mean predictions per call
@@ -21,6 +25,7 @@ import time
 from typing import Any, Dict, List
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
+from subwabbit.engine.program import DRIVER_ENV_VAR
 
 from .report import nearest_rank
 from .workload import RecommenderFormatter, Workload, prediction_args, training_args
@@ -32,12 +37,35 @@ DEFAULT_SETTINGS = ["batch_size=20,max_pending_lines=20,write_cutoff_s=0.001",
 
 
 def parse_setting(text: str) -> Dict[str, Any]:
-    """``a=1,b=0.5`` as keyword arguments."""
+    """``a=1,b=0.5`` as keyword arguments (``driver`` keeps its text)."""
     options: Dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         name, _, value = part.partition("=")
-        options[name.strip()] = int(value) if value.strip().isdigit() else float(value)
+        name, value = name.strip(), value.strip()
+        if name == "driver":
+            options[name] = value
+        else:
+            options[name] = int(value) if value.isdigit() else float(value)
     return options
+
+
+def start(formatter: Any, args: List[str], setting: str) -> Any:
+    """The process a setting names, its engine started with the driver it asks for."""
+    blocking = setting == "blocking" or setting.startswith("blocking:")
+    options = parse_setting(setting[9:] if blocking else setting)
+    driver = options.pop("driver", None)
+    before = os.environ.get(DRIVER_ENV_VAR)
+    if driver is not None:
+        os.environ[DRIVER_ENV_VAR] = driver
+    try:
+        if blocking:
+            return VowpalWabbitProcess(formatter, args, **options)
+        return VowpalWabbitNonBlockingProcess(formatter, args, **options)
+    finally:
+        if before is None:
+            os.environ.pop(DRIVER_ENV_VAR, None)
+        else:
+            os.environ[DRIVER_ENV_VAR] = before
 
 
 def main() -> None:
@@ -55,14 +83,8 @@ def main() -> None:
         with VowpalWabbitProcess(formatter, training_args(model), write_only=True) as trainer:
             for request, items, labels in workload.training_batches(30000):
                 trainer.train(request, items, labels, [None] * len(labels))
-        processes: List[Any] = []
-        for setting in options.settings:
-            if setting == "blocking" or setting.startswith("blocking:"):
-                processes.append(VowpalWabbitProcess(formatter, prediction_args(model),
-                                                     **parse_setting(setting[9:])))
-            else:
-                processes.append(VowpalWabbitNonBlockingProcess(formatter, prediction_args(model),
-                                                                **parse_setting(setting)))
+        processes = [start(formatter, prediction_args(model), setting)
+                     for setting in options.settings]
         counts: List[List[int]] = [[] for _ in processes]
         walls: List[List[float]] = [[] for _ in processes]
         gc.disable()

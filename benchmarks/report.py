@@ -9,8 +9,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy
 
 def engine_stdin(name: str) -> str:
-    """The row of an engine reading the file on stdin, as subwabbit feeds it
-    (the wheel engine's one-thread loop instead of vw's own driver)."""
+    """The row of an engine reading the file on stdin, as subwabbit's single
+    processes feed it."""
     return f"engine alone, stdin ({name})"
 
 
@@ -371,8 +371,10 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
                              "vs pyvw", "vs engine", "vs best engine"], rows))
     out.append("engine alone (NAME): ``ENGINE -d FILE -p FILE`` (vw's own driver, a parser "
                "thread and a learner thread, in both engines); engine alone, stdin (NAME): "
-               "``ENGINE -p stdout < FILE > OUT``, the way subwabbit feeds the engine (the wheel "
-               "engine then runs its one-thread loop).")
+               "``ENGINE -p stdout < FILE > OUT``, the way subwabbit's single processes feed the "
+               "engine (the wheel engine runs vw's own driver there too, unless "
+               "SUBWABBIT_ENGINE_DRIVER=loop; a pool's forked engines run the one-thread "
+               "loop).")
 
     training = results["training"]
     out.append(f"**Training throughput** ({training['lines']:,} labelled lines, best of "

@@ -4,6 +4,9 @@ sharing one copy of the model where the engine allows it.
 With the wheel's engine (and no ``-f``) one process loads the model and the
 engines are forked from it (:mod:`subwabbit.fork_server`), so that N engines
 cost about one model's memory; otherwise each engine is started on its own.
+A group of one engine has nothing to share: its engine is started on its own
+and runs vw's two-thread driver, which gives one engine more predictions
+within a deadline than the forked engines' one-thread loop.
 Everything here blocks; the asyncio pool runs it on its executor.
 """
 
@@ -61,7 +64,7 @@ class EngineGroup:
         :raises VowpalWabbitStartupError: the first failure (every engine
             started is stopped)
         """
-        if self._share:
+        if self._share and count > 1:
             try:
                 self.server = ForkServer(self.argv, self.startup_timeout_s)
             except ForkServerUnavailable:

@@ -101,6 +101,20 @@ def test_nonblocking_settings_compares_settings():
     assert "blocking: predictions mean" in output
 
 
+def test_nonblocking_settings_start_each_engine_with_the_driver_it_names():
+    from benchmarks.nonblocking_settings import parse_setting, start  # pylint: disable=import-outside-toplevel
+    from benchmarks.workload import RecommenderFormatter  # pylint: disable=import-outside-toplevel
+    assert parse_setting("batch_size=20,driver=loop,write_cutoff_s=0.001") == {
+        "batch_size": 20, "driver": "loop", "write_cutoff_s": 0.001}
+    threads = {}
+    for setting in ("driver=loop", "blocking:driver=vw,batch_size=30", "blocking:driver=loop"):
+        with start(RecommenderFormatter(), ["--quiet"], setting) as process:
+            threads[setting] = len(os.listdir(f"/proc/{process.pid}/task"))
+    assert threads == {"driver=loop": 1, "blocking:driver=vw,batch_size=30": 2,
+                       "blocking:driver=loop": 1}
+    assert "SUBWABBIT_ENGINE_DRIVER" not in os.environ
+
+
 def test_pauses_probe_reports_both_measurements():
     output = run_module("benchmarks.pauses", "--seconds", "0.2")
     assert "busy loop, 0.2 s:" in output

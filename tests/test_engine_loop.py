@@ -2,7 +2,9 @@
 
 For every learner the loop serves, the loop reading a file on stdin must print
 the same bytes and save the same model files as vw's own driver reading the
-same file with ``-d``; everything else must go to vw's own driver.
+same file with ``-d``; everything else must go to vw's own driver. An engine
+that reads stdin by itself runs vw's driver unless ``SUBWABBIT_ENGINE_DRIVER``
+asks for the loop; the engines a pool forks run the loop (``test_pool.py``).
 """
 
 import ctypes
@@ -45,6 +47,9 @@ def corpus() -> bytes:
         lines.append((f"{label} {tag}{separator}{features}" if label else features).encode())
     return (b"\n".join(lines[:1000] + NASTY_LINES + lines[1000:]) + b"\n|a last-no-newline")
 
+
+#: The environment that makes an engine on stdin run the loop.
+LOOP = {engine.DRIVER_ENV_VAR: "loop"}
 
 #: Argument sets that the loop serves; between them they enable every learner
 #: of ``engine._SCALAR_LEARNERS``.
@@ -115,7 +120,7 @@ def engine_threads(args: Sequence[str], env: Dict[str, str] = None) -> int:
 def test_loop_prints_and_saves_what_vw_prints_and_saves(args, tmp_path):
     data = corpus()
     vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False)
+    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False, env=LOOP)
     assert vw[0] == 0 and loop[0] == 0
     assert loop[1] == vw[1]
     assert loop[2] == vw[2]
@@ -142,7 +147,7 @@ def test_loop_prints_what_vw_prints_for_untagged_lines(args, tmp_path):
     """The loop's path for chunks without labels or tags."""
     data = untagged_corpus()
     vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False)
+    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False, env=LOOP)
     assert vw[0] == 0 and loop[0] == 0
     assert loop[1] == vw[1]
     assert loop[1].count(b"\n") == 6000
@@ -176,33 +181,49 @@ def test_the_configurations_cover_every_learner_the_loop_serves():
     ["--log_output", "stderr"],  # progress and logs would share stdout with predictions
 ])
 def test_vw_driver_serves_what_the_loop_does_not(args, tmp_path):
-    assert engine_threads(args) == 2  # a parser thread and a learner thread
+    assert engine_threads(args, LOOP) == 2  # a parser thread and a learner thread
     data = b"1 |a x\n2 |a y\n|a x\n3 |b z\n"
     vw = run_engine(args, data, str(tmp_path / "vw"), from_file=True)
-    piped = run_engine(args, data, str(tmp_path / "stdin"), from_file=False)
+    piped = run_engine(args, data, str(tmp_path / "stdin"), from_file=False, env=LOOP)
     assert piped[:2] == vw[:2]
 
 
 def test_loop_serves_scalar_predictions_on_one_thread():
-    assert engine_threads(["--quiet", "-q", "ab"]) == 1
+    assert engine_threads(["--quiet", "-q", "ab"], LOOP) == 1
     assert engine_threads(["--log_output", "stderr", "--driver_output_off", "--log_level",
-                           "error"]) == 1
+                           "error"], LOOP) == 1
 
 
-def test_environment_variable_chooses_vw_driver(tmp_path):
-    env = {engine.DRIVER_ENV_VAR: "vw"}
+@pytest.mark.parametrize("env", [{}, {engine.DRIVER_ENV_VAR: "vw"},
+                                 {engine.DRIVER_ENV_VAR: "something-else"}])
+def test_an_engine_on_stdin_runs_vw_driver_unless_the_loop_is_asked_for(env, tmp_path,
+                                                                        monkeypatch):
+    """By default (and with ``vw``) an engine reading stdin runs vw's two
+    threads: within a deadline they returned more predictions than the loop."""
+    monkeypatch.delenv(engine.DRIVER_ENV_VAR, raising=False)
     assert engine_threads(["--quiet"], env) == 2
+    assert engine_threads(["--quiet"], {**env, **LOOP}) == 1
     data = corpus()
     vw = run_engine(["--quiet"], data, str(tmp_path / "vw"), from_file=True)
     piped = run_engine(["--quiet"], data, str(tmp_path / "stdin"), from_file=False, env=env)
     assert piped == vw
 
 
+def test_chosen_driver_reads_the_environment(monkeypatch):
+    chosen = engine._chosen_driver  # pylint: disable=protected-access
+    for value, expected in [("vw", "vw"), (" VW ", "vw"), ("loop", "loop"), ("Loop", "loop"),
+                            ("", ""), ("threads", "")]:
+        monkeypatch.setenv(engine.DRIVER_ENV_VAR, value)
+        assert chosen() == expected
+    monkeypatch.delenv(engine.DRIVER_ENV_VAR)
+    assert chosen() == ""
+
+
 def test_failed_save_exits_1_after_the_predictions_before_it(tmp_path):
     data = b"|a x\n|a y\nsave_/proc/no-such-dir/m.vw|\n|a z\n"
     argv = default_engine_command() + ["-p", "stdout", "--quiet"]
     done = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=60, check=False)
+                          timeout=60, check=False, env={**os.environ, **LOOP})
     assert done.returncode == 1
     assert done.stdout == b"0\n0\n"
     assert b"vw: " in done.stderr and b"/proc/no-such-dir/m.vw" in done.stderr
@@ -214,7 +235,7 @@ def test_training_through_the_loop_saves_the_model_vw_saves(tmp_path):
     data += b"save_SAVEDIR/middle.vw|\n" + data
     args = ["--quiet", "-q", "ab", "-f", "DIR/final.vw"]
     vw = run_engine(args, data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args, data, str(tmp_path / "loop"), from_file=False)
+    loop = run_engine(args, data, str(tmp_path / "loop"), from_file=False, env=LOOP)
     assert set(vw[2]) == {"middle.vw", "final.vw"}
     assert loop == vw
 

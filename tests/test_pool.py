@@ -265,6 +265,7 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
         server = pool._groups[0].server  # pylint: disable=protected-access
         for pid in pool.engine_pids():
             assert int(proc_stat(pid)[1]) == server.pid  # the server's children, not ours
+            assert len(os.listdir(f"/proc/{pid}/task")) == 1  # the one-thread loop
         assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
         usage = pool.memory_usage()
         assert usage["processes"] == 3 and 0 < usage["pss_bytes"] <= usage["rss_bytes"]
@@ -296,6 +297,20 @@ def test_a_copy_per_engine_when_sharing_is_off_or_impossible(trained_model, trut
         for pid in pool.engine_pids():
             assert int(proc_stat(pid)[1]) == os.getpid()
         assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
+def test_a_pool_of_one_engine_starts_it_on_its_own_with_vws_two_threads(trained_model, truth):
+    """Nothing to share with one engine: it runs vw's driver, whose second
+    thread gives a lone engine more predictions within a deadline."""
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as pool:
+        assert not pool.shares_weights()
+        [pid] = pool.engine_pids()
+        assert int(proc_stat(pid)[1]) == os.getpid()
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        assert len(os.listdir(f"/proc/{pid}/task")) == 2
+        pool.reload(scoring_args(trained_model))
+        assert not pool.shares_weights()
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
 def test_a_model_that_needs_vws_own_driver_is_served_by_separate_engines(tmp_path):

@@ -12,24 +12,29 @@ code 1, like the executable.
 
 Two drivers feed the engine:
 
-* **The one-thread loop**, for examples on stdin whose predictions go to
-  stdout (the pipe protocol that subwabbit speaks). It reads what stdin holds, hands the complete lines to
-  the engine's parser in one call, has the engine learn from or predict each
-  example, and writes their predictions together (at least every 64
-  lines). It prints exactly what vw prints: the same numbers and tags,
-  nothing for empty lines and save commands, and it saves the same models.
-  vw's own driver parses on one thread and learns on another, hands every
-  example across with a condition variable, and formats and writes each
-  prediction on its own; the loop does the same work on one core with fewer
-  system calls, so that a client waiting for predictions gets them sooner
-  and with less CPU spent on both sides.
-* **vw's own driver** (a parser thread and a learner thread) for everything
-  the loop does not cover: a data file (``-d``), no predictions at all
-  (write-only training, where nobody waits and two threads learn faster
-  than one), caches and passes, audit mode, predictions that are not plain
-  scalars (``--oaa``, ``--plt``, ...) or that go elsewhere than stdout,
-  reductions not known to print plain scalars, and logs on stdout.
-  ``SUBWABBIT_ENGINE_DRIVER=vw`` chooses it always.
+* **vw's own driver** (a parser thread and a learner thread), the one the
+  ``vw`` executable runs, for every engine that reads stdin by itself: the
+  engines of the single-process clients, write-only training, audit mode,
+  data files, every model kind. Behind subwabbit's pipes its second thread
+  parses the next lines while the first learns, which returned about a fifth
+  more predictions within 10 ms than the loop below
+  (``python -m benchmarks.nonblocking_settings driver=loop driver=vw
+  blocking:driver=loop blocking:driver=vw``), for more CPU per line.
+* **The one-thread loop**, for the engines of a pool forked from one
+  process that loaded the model (see :func:`serve_forks`): vw's driver
+  cannot be forked once started, and when a pool's engines fill every core
+  a second thread per engine has no core to run on. It reads what stdin
+  holds, hands the complete lines to the engine's parser in one call, has
+  the engine learn from or predict each example, and writes their
+  predictions together (at least every 64 lines). It prints exactly what vw
+  prints: the same numbers and tags, nothing for empty lines and save
+  commands, and it saves the same models. It serves single-line examples
+  with plain scalar predictions; a pool of any other model loads a copy per
+  engine and runs vw's driver.
+
+``SUBWABBIT_ENGINE_DRIVER`` chooses one always: ``vw`` for vw's own driver
+(pools then load a copy of the model per engine), ``loop`` for the loop
+wherever it can serve the model.
 
 One difference remains: a save command in a shape other than
 ``[label] [']save...|`` with nothing after the ``|`` (say ``save_x|a:0``,
@@ -48,7 +53,9 @@ import sys
 from typing import Any, Iterable, List, Optional, Tuple
 
 #: Environment variable that chooses the driver: ``vw`` for vw's own driver
-#: always; anything else (or unset) for the one-thread loop where it applies.
+#: always, ``loop`` for the one-thread loop wherever it serves the model;
+#: unset (or anything else), the loop for a fork server's engines and vw's
+#: driver otherwise.
 DRIVER_ENV_VAR = "SUBWABBIT_ENGINE_DRIVER"
 
 _DATA_OPTIONS = ("-d", "--data")
@@ -125,6 +132,13 @@ def _option_values(args: List[str], names: Iterable[str]) -> List[Tuple[int, int
     return found
 
 
+def _chosen_driver() -> str:
+    """The driver :data:`DRIVER_ENV_VAR` asks for: ``"vw"``, ``"loop"`` or
+    ``""`` (the default)."""
+    chosen = os.environ.get(DRIVER_ENV_VAR, "").strip().lower()
+    return chosen if chosen in ("vw", "loop") else ""
+
+
 def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
     """Whether the one-thread loop can serve these arguments.
 
@@ -132,7 +146,7 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
         the workspace (``-p stdout`` taken out) and the ``-f`` model path
         (for ``save|``)
     """
-    if os.environ.get(DRIVER_ENV_VAR, "").strip().lower() == "vw":
+    if _chosen_driver() == "vw":
         return None
     names = {option_name(arg) for arg in args}
     if names & _VW_DRIVER_OPTIONS:
@@ -361,9 +375,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     fork_server_fd = os.environ.pop(FORK_SERVER_ENV_VAR, None)
     try:
-        loop = _start_loop(pylibvw, args)
         if fork_server_fd is not None:
-            return serve_forks(loop, int(fork_server_fd))
+            return serve_forks(_start_loop(pylibvw, args), int(fork_server_fd))
+        loop = _start_loop(pylibvw, args) if _chosen_driver() == "loop" else None
         if loop is not None:
             loop.run()
             loop.workspace.finish()
