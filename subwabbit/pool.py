@@ -78,8 +78,10 @@ class VowpalWabbitPool(PoolBase):
         priority (``SCHED_BATCH`` and nice +5; see
         :func:`~subwabbit.engine_group.lower_priority`), so that an engine
         woken by a write does not take the core of the thread that feeds it.
-        Default (``None``): when the engines and one calling thread are more
-        than the CPUs the process may use (a pool of the default size)
+        Default (``None``): when the pool has several engines and they and
+        one calling thread are more than the CPUs the process may use (a
+        pool of the default size on 2 CPUs or more); a pool of one engine
+        runs it at the client's priority
     :raises VowpalWabbitStartupError: when an engine cannot start (the
         others are stopped)
     """

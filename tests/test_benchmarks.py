@@ -101,6 +101,16 @@ def test_nonblocking_settings_compares_settings():
     assert "blocking: predictions mean" in output
 
 
+def test_drivers_benchmark_measures_both_drivers():
+    output = run_module("benchmarks.drivers", "--requests", "3", "--items", "300",
+                        "--workers", "2", "--seconds", "0.3")
+    for driver in ("loop", "vw"):
+        assert f"VowpalWabbitProcess ({driver}): predictions mean" in output
+        assert f"VowpalWabbitNonBlockingProcess ({driver}): predictions mean" in output
+        assert f"{driver}: " in output.split("2 worker processes")[1]
+    assert "predictions/s" in output
+
+
 def test_nonblocking_settings_start_each_engine_with_the_driver_it_names():
     from benchmarks.nonblocking_settings import parse_setting, start  # pylint: disable=import-outside-toplevel
     from benchmarks.workload import RecommenderFormatter  # pylint: disable=import-outside-toplevel

@@ -373,9 +373,14 @@ def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, sh
             assert os.sched_getscheduler(pid) == os.SCHED_BATCH
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
                           share_weights=share, low_priority_engines=False) as pool:
-        # by default: lowered when the engines and one calling thread exceed the CPUs
+        # by default: lowered when several engines and one calling thread
+        # exceed the CPUs; a lone engine (vw's two threads) never
         with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as default:
-            assert default.low_priority_engines is (2 > len(os.sched_getaffinity(0)))
+            assert default.low_priority_engines is False
+            [pid] = default.engine_pids()
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+        with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as default:
+            assert default.low_priority_engines is (3 > len(os.sched_getaffinity(0)))
         for pid in pool.engine_pids():
             assert os.sched_getscheduler(pid) == os.SCHED_OTHER
             assert os.getpriority(os.PRIO_PROCESS, pid) == mine
