@@ -105,6 +105,10 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="requests run with detailed_metrics (default 100)")
     parser.add_argument("--block", type=int, default=10,
                         help="requests per turn of a contender in the timeout pass (default 10)")
+    parser.add_argument("--warm-up-calls", type=int, default=1,
+                        help="unmeasured calls that begin each turn of a contender in the "
+                             "timeout pass, on the request before the block, as the engine "
+                             "alone's turn begins with a warm-up request (default 1; 0: none)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="batch_size of both subwabbit classes (default: the class default)")
     parser.add_argument("--max-pending-lines", type=int, default=None,
@@ -379,6 +383,14 @@ class Benchmark:
                 "2 ms and stamped evenly in between; a request's time runs from the last "
                 "prediction of the request before it to its own last; lines within the timeout "
                 "= min(n, n * timeout / time)")
+        warm_ups: Dict[str, List[int]] = {}
+        for call in self.calls:
+            if call["phase"] == "warm-up":
+                warm_ups.setdefault(call["contender"], []).append(call["predictions"])
+        self.results["timeout_warm_up"] = {
+            "calls_per_turn": options.warm_up_calls,
+            "mean_predictions": {name: sum(counts) / len(counts)
+                                 for name, counts in warm_ups.items()}}
         self.results["timeout"] = {"timeout_s": options.timeout, "block": options.block,
                                    "contenders": data}
         self.results["engine_per_request"] = alone
@@ -393,6 +405,7 @@ class Benchmark:
         predict, timeout = contender.predict, self.options.timeout
         block = self.workload.pairs(indices)
         clock = time.perf_counter
+        self._warm_up_turn(contender, indices[0], turn)
         walls: List[float] = []
         counts: List[int] = []
         busy, cpu, engine_cpu = (machine_busy_seconds(), time.process_time(),
@@ -416,6 +429,22 @@ class Benchmark:
             self.calls.append({"phase": "timeout", "contender": contender.name, "engine": engine,
                                "round": turn, "request": index, "items": len(block[0][1]),
                                "predictions": count, "wall_s": wall, "timeout_s": timeout})
+
+    def _warm_up_turn(self, contender: Contender, first: int, turn: int) -> None:
+        """The unmeasured calls that begin a contender's turn: the request
+        before the block, as for the engine alone. They are rows of phase
+        ``warm-up`` in the calls, out of every table but their own line."""
+        engine = "" if contender.engine_pid is None else self.default.name
+        for call in range(self.options.warm_up_calls):
+            index = (first - 1 - call) % len(self.workload)
+            [(request, items)] = self.workload.pairs([index])
+            called = time.perf_counter()
+            count = len(contender.predict(request, items, self.options.timeout))
+            self.calls.append({"phase": "warm-up", "contender": contender.name,
+                               "engine": engine, "round": turn, "request": index,
+                               "items": len(items), "predictions": count,
+                               "wall_s": time.perf_counter() - called,
+                               "timeout_s": self.options.timeout})
 
     def _engine_turn(self, engine: Engine, sampled: List[int], record: Dict[str, Any],
                      turn: int) -> None:

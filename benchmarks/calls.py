@@ -7,8 +7,10 @@ Every call a run times is one row of ``calls.csv.gz`` in the output folder
 ========================  ================================================================
 column                    meaning
 ========================  ================================================================
-``phase``                 ``timeout`` (the pass with ``timeout``), ``throughput`` (no
-                          timeout), ``breakdown`` (with ``detailed_metrics``) or ``train``
+``phase``                 ``timeout`` (the pass with ``timeout``), ``warm-up`` (the
+                          unmeasured calls that begin a contender's turn in that pass),
+                          ``throughput`` (no timeout), ``breakdown`` (with
+                          ``detailed_metrics``) or ``train``
 ``contender``             the row's name in the tables (``blocking``, ``engine alone
                           (wheel)``, ``write-only train (vw)``, ...)
 ``engine``                the engine it ran on (``wheel``, ``vw``; empty for pyvw)

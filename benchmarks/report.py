@@ -239,6 +239,22 @@ def summarize(results: Dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------ tables
 
+def warm_up_paragraph(results: Dict[str, Any]) -> str:
+    """How the contenders' turns begin in the timeout pass."""
+    warm_up = results.get("timeout_warm_up") or {"calls_per_turn": 0, "mean_predictions": {}}
+    block = results["timeout"]["block"]
+    if not warm_up["calls_per_turn"]:
+        return (f"The contenders take turns of {block} requests, every call measured, the "
+                "first of a turn included.")
+    means = ", ".join(f"{name} {_num(mean)}" for name, mean in warm_up["mean_predictions"].items())
+    return (f"The contenders take turns of {block} requests. Each turn begins with "
+            f"{warm_up['calls_per_turn']} unmeasured call(s) on the request before the block, "
+            "as the engine alone's begins with a warm-up request: a process that waited while "
+            "the others ran is slow at first, whichever it is, pyvw in this process included. "
+            "Those calls are the rows of phase ``warm-up`` in the calls file, left out of "
+            f"every table; their mean predictions per call: {means}.")
+
+
 def simple_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A reStructuredText simple table (first column left-aligned, the rest right)."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
@@ -325,6 +341,7 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
         f"{_num(results['throughput']['engines'][name]['file']['lines_per_s'])} lines/s)"
         for name, record in results["engine_per_request"].items())
         + f". Method: {method}.")
+    out.append(warm_up_paragraph(results))
 
     out.append(f"**predict() wall time in ms with timeout={timeout_ms:g} ms**")
     rows = []

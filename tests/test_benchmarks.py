@@ -38,7 +38,13 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert per_contender == {"pyvw": 40, "pyvw-public": 40, "blocking": 40, "nonblocking": 40,
                              "pool": 40, "pool-1": 40,
                              "engine alone (wheel)": 20}  # --quick: 40 requests, 20 sampled
-    assert set(calls["phase"]) == {"timeout", "throughput", "breakdown", "train"}
+    assert set(calls["phase"]) == {"timeout", "warm-up", "throughput", "breakdown", "train"}
+    # each turn of a contender began with an unmeasured call on the request before its block
+    warm_up = calls[(calls["phase"] == "warm-up") & (calls["contender"] == "blocking")]
+    block = results["timeout"]["block"]
+    assert sorted(warm_up["request"]) == sorted((start - 1) % 40 for start in range(0, 40, block))
+    assert "engine alone (wheel)" not in set(calls[calls["phase"] == "warm-up"]["contender"])
+    assert "Each turn begins with 1 unmeasured call(s)" in text
     blocking = timed[timed["contender"] == "blocking"]
     assert sorted(blocking["request"]) == list(range(40))
     assert list(blocking["predictions"]) == results["timeout"]["contenders"]["blocking"]["lines"]
