@@ -27,7 +27,8 @@ from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import LABEL_STRINGS, SCALAR, PredictionKind, choose_kind
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
-from .lines import CheckedLines, check_lines, encode_example, has_save_tag
+from .lines import (CheckedLines, check_lines, common_part_holds_the_header, encode_example,
+                    parts_break_no_line)
 
 logger = logging.getLogger("subwabbit")
 
@@ -309,7 +310,7 @@ class ClientBase:
             # print as str() prints them, as get_formatted_example does).
             middle = f" {common} "
             lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
-            if _checked_by_parts(common, parts):
+            if common_part_holds_the_header(common) and parts_break_no_line(parts):
                 return lines
         else:
             join = join or partial(VowpalWabbitBaseFormatter.get_formatted_example, formatter)
@@ -425,13 +426,3 @@ def _take_along(values: Any, count: int, what: str) -> List[Any]:
 _PLAIN_LABELS = (int, float)
 
 
-def _checked_by_parts(common: str, parts: List[str]) -> bool:
-    """Whether every line ``LABEL COMMON PART`` (a number label) is one example,
-    as far as its parts tell: ``common`` is checked already, no part breaks
-    the line, and ``common`` holds a ``|`` before which no tag starts with
-    ``save`` (so that no part can put a tag into a line's header). ``False``
-    leaves the decision to :func:`~subwabbit.lines.check_lines`."""
-    if "|" not in common or ("save" in common and has_save_tag(common)):
-        return False
-    flat = "".join(parts)
-    return "\n" not in flat and "\r" not in flat

@@ -105,6 +105,23 @@ def _all_one_example(lines: Sequence[str]) -> bool:
             and _BOM not in flat and _SAVE.search(flat) is None)
 
 
+def common_part_holds_the_header(common: str) -> bool:
+    """Whether ``common`` holds a ``|`` before which no tag starts with
+    ``save``: then in a line made of ``common``, a space and an item's part
+    (after a number label, if any), no part can put a tag into the line's
+    header, and a part that breaks no line makes the line one example.
+
+    :param common: a common part already checked by :func:`check_line_part`
+    """
+    return "|" in common and not ("save" in common and has_save_tag(common))
+
+
+def parts_break_no_line(parts: Sequence[str]) -> bool:
+    """Whether no part (all ``str``) holds a line break."""
+    flat = "".join(parts)
+    return "\n" not in flat and "\r" not in flat
+
+
 def check_lines(lines: Sequence[str], first_index: int = 0) -> CheckedLines:
     """:func:`check_line` for every line, at the cost of a join when all are fine.
 
@@ -205,7 +222,7 @@ def parse_scalar(line: bytes) -> float:
 def parse_scalars(lines: List[bytes]) -> List[float]:
     """Parse prediction lines into floats (fast path for plain numbers)."""
     try:
-        return [float(line) for line in lines]
+        return list(map(float, lines))
     except ValueError:
         return [parse_scalar(line) for line in lines]
 

@@ -114,6 +114,23 @@ def test_a_tag_vw_may_take_as_save_command_is_refused(cls, vw_args, line, tmp_pa
         assert list(process.predict("", ["|i b", "|i c"])) == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_predict_lines_checked_from_their_parts_are_refused_or_sent_as_they_should(cls, tmp_path):
+    """With the default joining a common part that holds a '|' vouches for
+    every line's header, and each batch is checked from its parts alone."""
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"], batch_size=2) as process:
+        with pytest.raises(ValueError, match="#3 contains a line break"):
+            list(process.predict("|b y", ["|a x", "|a y", "|a z", "|a w\r1 |a x"]))
+        with pytest.raises(ValueError, match="#1 has a tag starting with 'save'"):
+            list(process.predict("", ["|a x", "save_x|a y"]))  # no '|' in the common part
+        with pytest.raises(ValueError, match="#0 has a tag starting with 'save'"):
+            list(process.predict("'saved |b y", ["|a x"]))
+        # After the refusals the process still gives each line its own answer.
+        lines = ["|b y save_x|a x", "|b y |a saved", "|b y |a x"]
+        assert list(process.predict("|b y", ["save_x|a x", "|a saved", "|a x"])) == [
+            float(answer) for answer in engine_from_file(lines, ["--quiet"], tmp_path)]
+
+
 def test_empty_formatted_line_is_rejected(trained_model):
     class Joiner(VowpalWabbitDummyFormatter):
         def get_formatted_example(self, common_line_part, item_line_part, label=None,

@@ -426,6 +426,29 @@ def test_a_multi_line_example_is_answered_once_and_counts_its_items_in_flight():
     assert engine.lines_seen == [b"shared |c", b"|x 7", b"|x 8", b"|x 9", b""]
 
 
+def test_default_joining_checks_a_batch_from_its_parts_when_the_common_part_allows():
+    from subwabbit import VowpalWabbitDummyFormatter  # pylint: disable=import-outside-toplevel
+    from subwabbit.core.exchanges import _line_joiner  # pylint: disable=import-outside-toplevel
+    from subwabbit.lines import CheckedLines  # pylint: disable=import-outside-toplevel
+
+    class Custom(VowpalWabbitDummyFormatter):
+        def get_formatted_example(self, common_line_part, item_line_part, label=None,
+                                  weight=None, debug_info=None):
+            return f"{common_line_part} {item_line_part}"
+
+    default = VowpalWabbitDummyFormatter()
+    lines = _line_joiner(default, "|u a", None)(["|i x", "save|i y"], 0)
+    assert lines == ["|u a |i x", "|u a save|i y"] and isinstance(lines, CheckedLines)
+    # Lines the parts cannot vouch for go to the full check of every line.
+    for formatter, common, parts in [(default, "|u a", ["|i x", "|i y\n1 |i z"]),
+                                     (default, "", ["|i x"]),
+                                     (default, "'saved |u a", ["|i x"]),
+                                     (Custom(), "|u a", ["|i x"])]:
+        assert not isinstance(_line_joiner(formatter, common, None)(parts, 0), CheckedLines)
+    with pytest.raises(TypeError, match="format_item_features returned int for item #4"):
+        _line_joiner(default, "|u a", None)(["|i x", 7], 3)
+
+
 def test_single_line_and_multi_line_queueing_do_not_mix():
     with pytest.raises(ValueError, match="queue_example"):
         Channel(multi_line=True).begin().queue_lines(["|x 1"])

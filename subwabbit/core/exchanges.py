@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
-from ..lines import check_line_part
+from ..lines import (CheckedLines, check_line_part, common_part_holds_the_header,
+                     parts_break_no_line)
 from .channel import Call, Channel
 
 #: Turns raw answer lines into the values ``predict`` gives.
@@ -358,11 +359,17 @@ def _line_joiner(formatter: Any, common_part: str,
     """A function that checks item parts and joins them with the common part
     into lines (inline when the formatter keeps the default joining)."""
     join = example_joiner(formatter)
+    prefix = common_part + " "
+    # With the default joining, the common part decides once per call whether
+    # a batch's lines can be known to be whole examples from its parts alone
+    # (the check of every line was a sixth of the client's work per line).
+    by_parts = join is None and common_part_holds_the_header(common_part)
 
     def lines(parts: List[Any], first_index: int) -> List[str]:
         check_item_parts(parts, first_index)
         if join is None:
-            prefix = common_part + " "
+            if by_parts and parts_break_no_line(parts):
+                return CheckedLines(prefix + part for part in parts)
             return [prefix + part for part in parts]
         return [join(common_part, part, debug_info=debug_info) for part in parts]
     return lines
