@@ -23,7 +23,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 from subwabbit.engine.program import DRIVER_ENV_VAR
@@ -33,12 +33,17 @@ from .workload import RecommenderFormatter, Workload, prediction_args, training_
 DRIVERS = ("loop", "vw")
 
 
-def start(cls: Any, formatter: Any, args: List[str], driver: str) -> Any:
-    """A process of ``cls`` whose engine runs ``driver``."""
+def start(cls: Any, formatter: Any, args: List[str], driver: Optional[str],
+          **options: Any) -> Any:
+    """A process of ``cls`` whose engine runs ``driver`` (``None``: the default).
+
+    The engine reads :data:`~subwabbit.engine.program.DRIVER_ENV_VAR` when it
+    starts, so it is set for the constructor only."""
     before = os.environ.get(DRIVER_ENV_VAR)
-    os.environ[DRIVER_ENV_VAR] = driver
+    if driver is not None:
+        os.environ[DRIVER_ENV_VAR] = driver
     try:
-        return cls(formatter, args)
+        return cls(formatter, args, **options)
     finally:
         if before is None:
             os.environ.pop(DRIVER_ENV_VAR, None)

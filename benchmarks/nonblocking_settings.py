@@ -25,8 +25,8 @@ import time
 from typing import Any, Dict, List
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
-from subwabbit.engine.program import DRIVER_ENV_VAR
 
+from .drivers import start as start_with_driver
 from .report import nearest_rank
 from .workload import RecommenderFormatter, Workload, prediction_args, training_args
 
@@ -54,18 +54,8 @@ def start(formatter: Any, args: List[str], setting: str) -> Any:
     blocking = setting == "blocking" or setting.startswith("blocking:")
     options = parse_setting(setting[9:] if blocking else setting)
     driver = options.pop("driver", None)
-    before = os.environ.get(DRIVER_ENV_VAR)
-    if driver is not None:
-        os.environ[DRIVER_ENV_VAR] = driver
-    try:
-        if blocking:
-            return VowpalWabbitProcess(formatter, args, **options)
-        return VowpalWabbitNonBlockingProcess(formatter, args, **options)
-    finally:
-        if before is None:
-            os.environ.pop(DRIVER_ENV_VAR, None)
-        else:
-            os.environ[DRIVER_ENV_VAR] = before
+    cls = VowpalWabbitProcess if blocking else VowpalWabbitNonBlockingProcess
+    return start_with_driver(cls, formatter, args, driver, **options)
 
 
 def main() -> None:
