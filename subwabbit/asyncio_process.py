@@ -570,6 +570,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         <subwabbit.process_model.VowpalWabbitProcessModel.save>`).
 
         :raises VowpalWabbitError: when the engine fails or times out
+        :raises OSError: when no file can be written where ``path`` points
+            (nothing is sent to the engine)
         """
         deadline = deadline_from_timeout(timeout)
         await self._call(deadline)

@@ -27,8 +27,8 @@ from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import LABEL_STRINGS, SCALAR, PredictionKind, choose_kind
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
-from .lines import (CheckedLines, check_lines, common_part_holds_the_header, encode_example,
-                    parts_break_no_line)
+from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
+                    encode_example)
 
 logger = logging.getLogger("subwabbit")
 
@@ -296,7 +296,7 @@ class ClientBase:
         common = format_common_part(formatter, common_features, debug_info)
         parts = [formatter.format_item_features(common_features, item, debug_info=debug_info)
                  for item in items]
-        check_item_parts(parts)
+        flat = check_item_parts(parts)
         if kind.multi_line:
             if not items:
                 return []
@@ -310,7 +310,7 @@ class ClientBase:
             # print as str() prints them, as get_formatted_example does).
             middle = f" {common} "
             lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
-            if common_part_holds_the_header(common) and parts_break_no_line(parts):
+            if common_part_holds_the_header(common) and breaks_no_line(flat):
                 return lines
         else:
             join = join or partial(VowpalWabbitBaseFormatter.get_formatted_example, formatter)

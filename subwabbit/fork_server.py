@@ -29,7 +29,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from .command import default_engine_command
-from .engine.program import FORK_SERVER_ENV_VAR, option_name
+from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitError, VowpalWabbitStartupError
 
@@ -44,7 +44,7 @@ def can_share_weights(argv: Sequence[str]) -> bool:
     engine = default_engine_command()
     if list(argv[:len(engine)]) != engine:
         return False
-    if os.environ.get("SUBWABBIT_ENGINE_DRIVER", "") == "vw":
+    if chosen_driver() == "vw":
         return False
     return not any(option_name(token) in ("-f", "--final_regressor") for token in argv)
 

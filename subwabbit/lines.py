@@ -53,6 +53,8 @@ def has_save_tag(line: str) -> bool:
     tag is) that starts with ``save`` counts.
     """
     header = line.split("|", 1)[0]
+    if header.startswith(_BOM):  # vw drops it at the start of a line, then reads the tag
+        header = header[1:]
     return any(token.lstrip("'").startswith("save") for token in _vw_tokens(header))
 
 
@@ -116,10 +118,9 @@ def common_part_holds_the_header(common: str) -> bool:
     return "|" in common and not ("save" in common and has_save_tag(common))
 
 
-def parts_break_no_line(parts: Sequence[str]) -> bool:
-    """Whether no part (all ``str``) holds a line break."""
-    flat = "".join(parts)
-    return "\n" not in flat and "\r" not in flat
+def breaks_no_line(text: str) -> bool:
+    """Whether ``text`` (say, the item parts of a batch joined) holds no line break."""
+    return "\n" not in text and "\r" not in text
 
 
 def check_lines(lines: Sequence[str], first_index: int = 0) -> CheckedLines:

@@ -20,7 +20,11 @@ from .process_model import VowpalWabbitProcessModel
 #: 2,032 predictions per call in two runs, 50 and 100 returned 2,453 and
 #: 2,713 (the blocking class: 2,487 and 2,750). A cut-off of 0.4 ms returned
 #: fewer (2,291 and 2,698): more work ran into the deadline. The engine
-#: answers 100 such lines in about 0.35 ms.
+#: answers 100 such lines in about 0.35 ms. With vw's own driver behind the
+#: pipes (the default since 2026-11-24), ``python -m benchmarks.nonblocking_settings
+#: --requests 400 "" batch_size=100,max_pending_lines=200
+#: batch_size=75,max_pending_lines=150 batch_size=100,max_pending_lines=300``
+#: gave 2,092, 1,993, 2,168 and 1,827: no setting clearly better.
 DEFAULT_BATCH_SIZE = 50
 DEFAULT_MAX_PENDING_LINES = 100
 DEFAULT_WRITE_CUTOFF_S = 0.0005

@@ -69,7 +69,8 @@ class VowpalWabbitPool(PoolBase):
         fork the engines from that process, so that they share its memory
         (see :meth:`~subwabbit.pool_base.PoolBase.memory_usage`); a ``vw``
         executable, a model that needs vw's own driver, or ``-f`` in
-        ``vw_args`` load a copy per engine
+        ``vw_args`` load a copy per engine, and a pool of one engine starts
+        it on its own (nothing to share; it runs vw's two-thread driver)
     :param prediction_type: the kind of model, when ``vw_args`` do not show it
         (see :doc:`model_kinds`). Predictions are typed as for the single
         classes; a multi-line kind (``--cb_explore_adf``) makes one example of

@@ -636,6 +636,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             ``io_timeout_s`` without progress
         :raises VowpalWabbitError: when the engine fails or times out (a
             timed-out save leaves the process failed: restart or close it)
+        :raises OSError: when no file can be written where ``path`` points
+            (nothing is sent to the engine, which keeps serving)
         """
         deadline = deadline_from_timeout(timeout)
         self._check_usable()

@@ -18,6 +18,9 @@ class ModelSave:
 
     :param path: where the model should end up (parent directories are created)
     :raises ValueError: for a path the save command cannot carry (spaces, ``|``)
+    :raises OSError: when the directory cannot be created or a file cannot be
+        created in it: found here, before the engine is asked, because vw's
+        own driver aborts (SIGABRT) on a save it cannot write
     """
 
     def __init__(self, path: str) -> None:
@@ -29,6 +32,10 @@ class ModelSave:
         if any(ch.isspace() or ch == "|" for ch in self.side):
             raise ValueError(f"vw cannot save to {self.target!r}: its save command takes no "
                              "spaces or '|' in the path")
+        # The engine runs as this process's user, so a file it could not
+        # create is one this process cannot create either.
+        os.close(os.open(self.side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(self.side)
         #: the control line that makes the engine save
         self.command = f"save_{self.side}|\n".encode()
 

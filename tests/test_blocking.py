@@ -131,6 +131,36 @@ def test_predict_lines_checked_from_their_parts_are_refused_or_sent_as_they_shou
             float(answer) for answer in engine_from_file(lines, ["--quiet"], tmp_path)]
 
 
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_a_save_command_in_the_common_part_is_refused_byte_order_mark_or_not(cls, tmp_path):
+    # The premise: vw drops a byte order mark that starts a line, then takes
+    # the line for its save command and answers nothing.
+    assert engine_from_file(["\ufeffsave|", "|i b"], ["--quiet"], tmp_path) == [b"0"]
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as process:
+        for common in ["\ufeffsave|", "save|", "\ufeff'save_x |u a"]:
+            with pytest.raises(ValueError, match="#0 has a tag starting with 'save'"):
+                list(process.predict(common, ["|a x", "|a y"]))
+        assert list(process.predict("|u a", ["|a x", "|a y"])) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_a_save_that_cannot_be_written_raises_before_the_engine_is_asked(cls, tmp_path):
+    """vw's own driver aborts on a save it cannot write; the client finds out first."""
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as process:
+        before = list(process.predict("", ["|a x"]))
+        pid = process.pid
+        for path in ["/proc/m.vw", "/proc/no-such-dir/m.vw"]:
+            with pytest.raises(OSError):
+                process.save(path)
+        (tmp_path / "blocked").write_text("a file, not a directory")
+        with pytest.raises(OSError):
+            process.save(str(tmp_path / "blocked" / "m.vw"))
+        assert process.pid == pid and list(process.predict("", ["|a x"])) == before
+        process.save(str(tmp_path / "ok" / "m.vw"))
+        assert (tmp_path / "ok" / "m.vw").stat().st_size > 0
+        assert [path.name for path in (tmp_path / "ok").iterdir()] == ["m.vw"]
+
+
 def test_empty_formatted_line_is_rejected(trained_model):
     class Joiner(VowpalWabbitDummyFormatter):
         def get_formatted_example(self, common_line_part, item_line_part, label=None,

@@ -210,7 +210,7 @@ def test_an_engine_on_stdin_runs_vw_driver_unless_the_loop_is_asked_for(env, tmp
 
 
 def test_chosen_driver_reads_the_environment(monkeypatch):
-    chosen = engine._chosen_driver  # pylint: disable=protected-access
+    chosen = engine.chosen_driver
     for value, expected in [("vw", "vw"), (" VW ", "vw"), ("loop", "loop"), ("Loop", "loop"),
                             ("", ""), ("threads", "")]:
         monkeypatch.setenv(engine.DRIVER_ENV_VAR, value)

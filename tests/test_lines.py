@@ -42,6 +42,8 @@ ACCEPTED_LINES = [
     "'1save |",            # the tag does not start with save
     "unsaved |",
     "1 'tag |u u1 save",
+    " \ufeffsave_x|",       # vw drops a byte order mark only at the very start of a line
+    "\ufeff\ufeffsave_x|",  # and only one
 ]
 
 
@@ -90,6 +92,9 @@ SAVE_COMMANDS = [
     "'save_x |a:2 x",
     "save_x|\ta",
     "1 'saved_item |i x",
+    "\ufeffsave_x|",        # vw drops the byte order mark, then reads its save command
+    "\ufeff'save_x |a",
+    "\ufeffsave",
 ]
 
 

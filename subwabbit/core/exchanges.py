@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
-from ..lines import (CheckedLines, check_line_part, common_part_holds_the_header,
-                     parts_break_no_line)
+from ..lines import (CheckedLines, breaks_no_line, check_line_part,
+                     common_part_holds_the_header)
 from .channel import Call, Channel
 
 #: Turns raw answer lines into the values ``predict`` gives.
@@ -366,22 +366,23 @@ def _line_joiner(formatter: Any, common_part: str,
     by_parts = join is None and common_part_holds_the_header(common_part)
 
     def lines(parts: List[Any], first_index: int) -> List[str]:
-        check_item_parts(parts, first_index)
+        flat = check_item_parts(parts, first_index)
         if join is None:
-            if by_parts and parts_break_no_line(parts):
+            if by_parts and breaks_no_line(flat):
                 return CheckedLines(prefix + part for part in parts)
             return [prefix + part for part in parts]
         return [join(common_part, part, debug_info=debug_info) for part in parts]
     return lines
 
 
-def check_item_parts(parts: List[Any], first_index: int = 0) -> None:
+def check_item_parts(parts: List[Any], first_index: int = 0) -> str:
     """Check that every formatted item part is a ``str``.
 
+    :returns: the parts joined without separators (for checks of the text)
     :raises TypeError: naming ``format_item_features`` and the item, for the first that is not
     """
     try:
-        "".join(parts)
+        return "".join(parts)
     except TypeError:
         for offset, part in enumerate(parts):
             if not isinstance(part, str):

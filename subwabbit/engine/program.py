@@ -132,7 +132,7 @@ def _option_values(args: List[str], names: Iterable[str]) -> List[Tuple[int, int
     return found
 
 
-def _chosen_driver() -> str:
+def chosen_driver() -> str:
     """The driver :data:`DRIVER_ENV_VAR` asks for: ``"vw"``, ``"loop"`` or
     ``""`` (the default)."""
     chosen = os.environ.get(DRIVER_ENV_VAR, "").strip().lower()
@@ -146,7 +146,7 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
         the workspace (``-p stdout`` taken out) and the ``-f`` model path
         (for ``save|``)
     """
-    if _chosen_driver() == "vw":
+    if chosen_driver() == "vw":
         return None
     names = {option_name(arg) for arg in args}
     if names & _VW_DRIVER_OPTIONS:
@@ -377,7 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if fork_server_fd is not None:
             return serve_forks(_start_loop(pylibvw, args), int(fork_server_fd))
-        loop = _start_loop(pylibvw, args) if _chosen_driver() == "loop" else None
+        loop = _start_loop(pylibvw, args) if chosen_driver() == "loop" else None
         if loop is not None:
             loop.run()
             loop.workspace.finish()
