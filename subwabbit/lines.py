@@ -52,10 +52,17 @@ def has_save_tag(line: str) -> bool:
     cannot see all of that, so any token before the first ``|`` (where the
     tag is) that starts with ``save`` counts.
     """
+    return any(token.lstrip("'").startswith("save") for token in header_tokens(line))
+
+
+def header_tokens(line: str) -> List[str]:
+    """The tokens vw reads before the first ``|`` of ``line`` (label, weight,
+    tag, or ``shared``), after dropping a byte order mark that starts the
+    line, as vw's line reader does."""
     header = line.split("|", 1)[0]
-    if header.startswith(_BOM):  # vw drops it at the start of a line, then reads the tag
+    if header.startswith(_BOM):
         header = header[1:]
-    return any(token.lstrip("'").startswith("save") for token in _vw_tokens(header))
+    return _vw_tokens(header)
 
 
 def _check_text(line: str, what: str, split: str, empty: str, instead: str) -> None:
@@ -170,7 +177,7 @@ def check_example_line(line: str, what: str, item: bool = True) -> None:
                 "vw reads an empty line as the end of a multi-line example",
                 "a line of the example")
     if item and "shared" in line:
-        header = _vw_tokens(line.split("|", 1)[0])
+        header = header_tokens(line)
         if header and header[0] == "shared":
             raise ValueError(f"{what} starts with 'shared', which makes it the shared line of "
                              f"the example instead of an item: {line!r}")

@@ -462,6 +462,7 @@ def test_single_line_and_multi_line_queueing_do_not_mix():
     ("|x 1\n|x 2", r"formatted item #1 contains a line break"),
     ("|x 1\r", r"formatted item #1 contains a line break"),
     ("shared |x 1", r"formatted item #1 starts with 'shared'"),
+    ("\ufeffshared |x 1", r"formatted item #1 starts with 'shared'"),  # vw drops the mark
     ("save_m|", r"formatted item #1 has a tag starting with 'save'"),
 ])
 def test_a_line_that_would_split_or_merge_an_example_is_refused(item, message):
