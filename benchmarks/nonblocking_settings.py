@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--timeout", type=float, default=0.010)
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds of idleness before each call, as between the requests "
+                             "of a service with little traffic (default 0)")
     options = parser.parse_args()
     workload = Workload(options.requests, options.items)
     formatter = RecommenderFormatter()
@@ -82,6 +85,8 @@ def main() -> None:
             for index in range(len(workload)):
                 request, items = workload.requests[index], workload.candidates[index]
                 for number, process in enumerate(processes):
+                    if options.gap:
+                        time.sleep(options.gap)
                     began = time.perf_counter()
                     counts[number].append(len(list(process.predict(request, items,
                                                                    timeout=options.timeout))))
@@ -90,7 +95,8 @@ def main() -> None:
             gc.enable()
             for process in processes:
                 process.close()
-    print(f"{options.requests} requests x {options.items} items, timeout {options.timeout * 1000:g} ms")
+    print(f"{options.requests} requests x {options.items} items, timeout {options.timeout * 1000:g} ms"
+          + (f", {options.gap * 1000:g} ms idle before each call" if options.gap else ""))
     for setting, count, wall in zip(options.settings, counts, walls):
         wall.sort()
 

@@ -101,8 +101,9 @@ def test_stall_benchmark_runs(tmp_path):
 
 
 def test_nonblocking_settings_compares_settings():
-    output = run_module("benchmarks.nonblocking_settings", "--requests", "3",
+    output = run_module("benchmarks.nonblocking_settings", "--requests", "3", "--gap", "0.01",
                         "max_pending_lines=10,write_cutoff_s=0.002", "blocking")
+    assert "10 ms idle before each call" in output
     assert "max_pending_lines=10,write_cutoff_s=0.002: predictions mean" in output
     assert "blocking: predictions mean" in output
 
