@@ -51,6 +51,20 @@ def test_train_save_and_explain(tmp_path):
     assert "i^b" in explanation
 
 
+def test_a_save_that_cannot_be_written_raises_before_the_engine_is_asked(tmp_path):
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+            before = await model.predict("", ["|a x"])
+            pid = model.pid
+            with pytest.raises(OSError):
+                await model.save("/proc/m.vw")
+            assert model.pid == pid and await model.predict("", ["|a x"]) == before
+            await model.save(str(tmp_path / "m.vw"))
+        return (tmp_path / "m.vw").stat().st_size
+
+    assert run(main()) > 0
+
+
 def test_returns_by_deadline_and_the_next_call_is_exact(trained_model, tmp_path):
     formatter = DictFormatter()
     common = {"user": 1}
