@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 from subwabbit.engine.program import DRIVER_ENV_VAR
 
-from .workload import RecommenderFormatter, Workload, prediction_args, training_args
+from .turns import take_turns, train_model
+from .workload import RecommenderFormatter, Workload, prediction_args
 
 DRIVERS = ("loop", "vw")
 
@@ -57,20 +58,10 @@ def one_caller(workload: Workload, args: List[str], timeout: float) -> Dict[str,
     processes = {f"{cls.__name__} ({driver})": start(cls, formatter, args, driver)
                  for cls in (VowpalWabbitProcess, VowpalWabbitNonBlockingProcess)
                  for driver in DRIVERS}
-    counts: Dict[str, List[int]] = {name: [] for name in processes}
-    late: Dict[str, int] = {name: 0 for name in processes}
-    try:
-        for index in range(len(workload)):
-            request, items = workload.requests[index], workload.candidates[index]
-            for name, process in processes.items():
-                began = time.perf_counter()
-                counts[name].append(len(list(process.predict(request, items, timeout=timeout))))
-                late[name] += time.perf_counter() - began > timeout + 0.001
-    finally:
-        for process in processes.values():
-            process.close()
-    return {name: {"mean": statistics.mean(counts[name]), "late": late[name]}
-            for name in processes}
+    counts, walls = take_turns(list(processes.values()), workload, timeout)
+    return {name: {"mean": statistics.mean(count),
+                   "late": sum(1 for wall in call_walls if wall > timeout + 0.001)}
+            for name, count, call_walls in zip(processes, counts, walls)}
 
 
 def workers(workload: Workload, args: List[str], timeout: float, count: int, driver: str,
@@ -127,10 +118,7 @@ def main() -> None:
     workload = Workload(options.requests, options.items)
     with tempfile.TemporaryDirectory() as directory:
         model = os.path.join(directory, "model.vw")
-        with VowpalWabbitProcess(RecommenderFormatter(), training_args(model),
-                                 write_only=True) as trainer:
-            for request, items, labels in workload.training_batches(30000):
-                trainer.train(request, items, labels, [None] * len(labels))
+        train_model(workload, model)
         args = prediction_args(model)
         print(f"One caller: {options.requests} requests x {options.items} items, "
               f"timeout {options.timeout * 1000:g} ms, {cpus} CPUs")

@@ -17,18 +17,17 @@ and wall-time quantiles under the timeout.
 """
 
 import argparse
-import gc
 import os
 import statistics
 import tempfile
-import time
 from typing import Any, Dict, List
 
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitProcess
 
 from .drivers import start as start_with_driver
 from .report import nearest_rank
-from .workload import RecommenderFormatter, Workload, prediction_args, training_args
+from .turns import take_turns, train_model
+from .workload import RecommenderFormatter, Workload, prediction_args
 
 #: The 2.x defaults, the defaults before the engine's one-thread loop, the
 #: current defaults and the blocking class.
@@ -73,28 +72,10 @@ def main() -> None:
     formatter = RecommenderFormatter()
     with tempfile.TemporaryDirectory() as directory:
         model = os.path.join(directory, "model.vw")
-        with VowpalWabbitProcess(formatter, training_args(model), write_only=True) as trainer:
-            for request, items, labels in workload.training_batches(30000):
-                trainer.train(request, items, labels, [None] * len(labels))
+        train_model(workload, model)
         processes = [start(formatter, prediction_args(model), setting)
                      for setting in options.settings]
-        counts: List[List[int]] = [[] for _ in processes]
-        walls: List[List[float]] = [[] for _ in processes]
-        gc.disable()
-        try:
-            for index in range(len(workload)):
-                request, items = workload.requests[index], workload.candidates[index]
-                for number, process in enumerate(processes):
-                    if options.gap:
-                        time.sleep(options.gap)
-                    began = time.perf_counter()
-                    counts[number].append(len(list(process.predict(request, items,
-                                                                   timeout=options.timeout))))
-                    walls[number].append(time.perf_counter() - began)
-        finally:
-            gc.enable()
-            for process in processes:
-                process.close()
+        counts, walls = take_turns(processes, workload, options.timeout, options.gap)
     print(f"{options.requests} requests x {options.items} items, timeout {options.timeout * 1000:g} ms"
           + (f", {options.gap * 1000:g} ms idle before each call" if options.gap else ""))
     for setting, count, wall in zip(options.settings, counts, walls):

@@ -26,7 +26,6 @@ minute and a half on 2 cores. Sections:
 """
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -42,18 +41,10 @@ from subwabbit.pool_base import default_pool_size, smaps_rollup
 
 from .limit import engine_command, per_request_rates
 from .report import nearest_rank
-from .workload import RecommenderFormatter, Workload, model_args, prediction_args
+from .turns import take_turns, train_model
+from .workload import RecommenderFormatter, Workload, prediction_args
 
 MiB = 1 << 20
-
-
-def train_model(workload: Workload, path: str, bits: int, lines: int = 30000) -> None:
-    """Pretrain the workload's model with a write-only process."""
-    formatter = RecommenderFormatter()
-    args = model_args(bits) + ["--l2", "1e-6", "-f", path]
-    with VowpalWabbitProcess(formatter, args, write_only=True) as trainer:
-        for request, items, labels in workload.training_batches(lines):
-            trainer.train(request, items, labels, [None] * len(labels))
 
 
 def _quantiles(values: Sequence[float]) -> Dict[str, float]:
@@ -77,23 +68,7 @@ def one_caller(workload: Workload, model: str, timeout: float,
     for size in sizes:
         contenders.append(VowpalWabbitPool(formatter, args, size=size))
         names.append(f"pool of {size}")
-    counts: List[List[int]] = [[] for _ in contenders]
-    walls: List[List[float]] = [[] for _ in contenders]
-    gc.disable()
-    try:
-        for index in range(len(workload)):
-            request, items = workload.requests[index], workload.candidates[index]
-            for number, contender in enumerate(contenders):
-                began = time.perf_counter()
-                got = contender.predict(request, items, timeout=timeout)
-                if not isinstance(got, list):
-                    got = list(got)
-                walls[number].append(time.perf_counter() - began)
-                counts[number].append(len(got))
-    finally:
-        gc.enable()
-        for contender in contenders:
-            contender.close()
+    counts, walls = take_turns(contenders, workload, timeout)
     results: Dict[str, Any] = {}
     for name, count, wall in zip(names, counts, walls):
         results[name] = {"predictions": _quantiles(count),
