@@ -154,8 +154,9 @@ def memory(workload: Workload, directory: str) -> Dict[str, Any]:
             pool.predict(request, items)
             usage = pool.memory_usage()
             per_engine = [smaps_rollup(pid).get("Rss", 0) / MiB for pid in pool.engine_pids()]
-            results[f"pool of {size}, {'shared' if share else 'a copy each'}"] = {
-                "engines": size, "shares_weights": pool.shares_weights(),
+            shares = pool.shares_weights()  # a pool of one never shares, whatever is asked
+            results[f"pool of {size}, {'shared' if shares else 'a copy each'}"] = {
+                "engines": size, "shares_weights": shares,
                 "rss_mib_per_engine": per_engine, "pss_mib_total": usage["pss_bytes"] / MiB,
                 "processes": usage["processes"]}
     return results
