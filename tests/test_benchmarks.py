@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitProcess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -116,6 +118,26 @@ def test_drivers_benchmark_measures_both_drivers():
         assert f"VowpalWabbitNonBlockingProcess ({driver}): predictions mean" in output
         assert f"{driver}: " in output.split("2 worker processes")[1]
     assert "predictions/s" in output
+
+
+def test_blocking_pacing_benchmark_compares_pacings_in_one_process():
+    output = run_module("benchmarks.blocking_pacing", "--requests", "3", "--items", "300",
+                        "two-batches", "default", "200:50")
+    for name in ("two-batches", "default", "200:50"):
+        assert f"{name}: predictions mean" in output
+    assert "(1.000x)" in output
+
+
+def test_blocking_pacing_names():
+    from benchmarks.blocking_pacing import pacing_of  # pylint: disable=import-outside-toplevel
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], batch_size=20) as process:
+        default = pacing_of("default", process)()
+        assert (default.max_in_flight_lines, default.lines_at_deadline) == (80, 20)
+        two = pacing_of("two-batches", process)()
+        assert (two.max_in_flight_lines, two.lines_at_deadline, two.min_batch) == (40, None, 20)
+        deep = pacing_of("200:0", process)()
+        assert (deep.max_in_flight_lines, deep.lines_at_deadline) == (200, None)
+        assert pacing_of("90:30", process)().lines_at_deadline == 30
 
 
 def test_nonblocking_settings_start_each_engine_with_the_driver_it_names():

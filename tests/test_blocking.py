@@ -84,6 +84,22 @@ def test_timeout_stops_formatting_new_items(formatter, trained_model):
         assert len(list(process.predict(COMMON, items(3)))) == 3
 
 
+def test_a_deadline_gives_the_engines_predictions_for_a_prefix_of_the_items(formatter,
+                                                                           trained_model, tmp_path):
+    # The depth in flight changes as the deadline nears (four batches, then
+    # what the engine answers by the deadline plus one): whatever it was, the
+    # call's predictions are the engine's, in item order, and nothing is left.
+    many = items(20000)
+    expected = expected_scalars(format_lines(formatter, COMMON, many),
+                                scoring_args(trained_model), tmp_path)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=7) as process:
+        for timeout in (0.002, 0.005, 0.02):
+            got = list(process.predict(COMMON, many, timeout=timeout))
+            assert 0 < len(got) < len(many)
+            assert got == expected[:len(got)]
+            assert process.pending_lines == 0
+
+
 def test_bad_lines_raise_before_sending_and_process_stays_usable(formatter, trained_model, tmp_path,
                                                                  model):
     expected = expected_scalars(format_lines(formatter, COMMON, items(10)),

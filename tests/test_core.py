@@ -275,6 +275,74 @@ def test_predict_blocking_pacing_formats_whole_batches_only():
     assert channel.in_flight_lines == 18  # no room for a whole batch yet
 
 
+def _answer_all(channel, exchange, first, count, now):
+    """Write everything queued and answer ``count`` lines numbered from ``first``."""
+    channel.write_with(len)
+    channel.receive(b"".join(b"%d\n" % n for n in range(first, first + count)))
+    return exchange.step(now)
+
+
+def test_blocking_pacing_keeps_in_flight_what_the_engine_answers_by_the_deadline():
+    pacing = Pacing(batch_size=10, max_in_flight_lines=40, min_batch=10, hard_deadline=False,
+                    lines_at_deadline=10)
+    channel = Channel()
+    exchange = _predict(channel, range(1000), pacing, deadline=10.0)
+    assert exchange.in_flight_limit(0.0) == 20  # no answers yet: one batch more than at the end
+    exchange.step(0.0)
+    exchange.step(0.0)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 20
+    # 10 answers in 1 s: 10 lines/s, so 90 more before the deadline; capped at 40
+    assert _answer_all(channel, exchange, 0, 10, 1.0) == list(range(10))
+    assert exchange.in_flight_limit(1.0) == 40
+    assert channel.in_flight_lines == 20  # stepped once: one batch formatted per step
+    exchange.step(1.0)
+    exchange.step(1.0)
+    assert channel.in_flight_lines == 40
+    # 40 answers in 8 s: 5 lines/s, and 2 s left: 10 more expected, so 20 in flight
+    assert _answer_all(channel, exchange, 10, 30, 8.0) == list(range(10, 40))
+    assert exchange.in_flight_limit(8.0) == 10 + 10
+    exchange.step(8.0)
+    exchange.step(8.0)
+    assert channel.in_flight_lines == 20
+    # no answer by 9.0: 40 in 9 s, 1 s left, 4 more expected; no room for a whole batch
+    assert exchange.in_flight_limit(9.0) == 10 + 4
+    exchange.step(9.0)
+    assert channel.in_flight_lines == 20
+    assert exchange.in_flight_limit(10.0) == 10
+    assert exchange.in_flight_limit(12.0) == 10
+
+
+def test_blocking_pacing_without_a_deadline_keeps_the_most_in_flight():
+    pacing = Pacing(batch_size=10, max_in_flight_lines=40, min_batch=10, hard_deadline=False,
+                    lines_at_deadline=10)
+    channel = Channel()
+    exchange = _predict(channel, range(1000), pacing)
+    for _ in range(6):
+        exchange.step(0.0)
+    assert channel.in_flight_lines == 40
+    assert exchange.in_flight_limit(0.0) == 40
+
+
+def test_answers_of_earlier_calls_slow_the_rate_down_not_up():
+    # Leftovers answered during the call count as its time but not its answers,
+    # so what it keeps in flight near its deadline can only be less.
+    channel = Channel()
+    first = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=10))
+    first.step(0.0)
+    channel.write_with(len)
+    first.end()
+    pacing = Pacing(batch_size=10, max_in_flight_lines=100, min_batch=10, hard_deadline=False,
+                    lines_at_deadline=10)
+    second = _predict(channel, range(100, 200), pacing, deadline=10.0)
+    second.step(0.0)
+    channel.receive(b"".join(b"%d\n" % n for n in range(10)))  # the leftovers
+    assert second.step(1.0) == []
+    assert second.in_flight_limit(9.0) == 20  # still no answers of its own
+    assert _answer_all(channel, second, 100, 10, 2.0) == list(range(100, 110))
+    assert second.in_flight_limit(2.0) == 10 + 40  # 10 answers in 2 s, 8 s left
+
+
 def test_hard_deadline_stops_sending_at_the_cutoff_and_ends_at_the_deadline():
     channel = Channel()
     exchange = _predict(channel, range(1000), Pacing(batch_size=10, max_in_flight_lines=30,

@@ -46,6 +46,14 @@ class Pacing(NamedTuple):
     :param max_lateness_s: without a hard deadline, return at the latest this
         long after the deadline with what has arrived (``None``: wait for
         every answer to what was sent)
+    :param lines_at_deadline: when set, a call with a deadline keeps in
+        flight at most this many lines more than the engine is expected to
+        answer before the deadline, at the rate it has answered the call so
+        far (until its first answers: ``min_batch`` more). Far from the
+        deadline ``max_in_flight_lines`` applies, so the engine has work
+        queued even when the client is descheduled; near it, what the call
+        leaves to be answered after its deadline shrinks to this many lines.
+        ``None``: ``max_in_flight_lines`` at any time
     """
 
     batch_size: int
@@ -54,6 +62,7 @@ class Pacing(NamedTuple):
     write_cutoff_s: float = 0.0
     hard_deadline: bool = True
     max_lateness_s: Optional[float] = None
+    lines_at_deadline: Optional[int] = None
 
 
 class Exchange:
@@ -208,9 +217,13 @@ class PredictExchange(Exchange):
                                                   else 0.0)
         self._detailed = detailed
         self._clock = clock
+        #: the ``now`` of the first step (for the engine's rate in this call)
+        self._began: Optional[float] = None
 
     def _advance(self, now: float) -> List[Any]:
         channel, call = self.channel, self.call
+        if self._began is None:
+            self._began = now
         if self.cleared_at is None and not channel.stale_lines:
             self.cleared_at = now
         if self.producing:
@@ -220,7 +233,7 @@ class PredictExchange(Exchange):
                 if self.pacing.hard_deadline:
                     channel.forget_unwritten(call)
             else:
-                room = self.pacing.max_in_flight_lines - channel.in_flight_lines
+                room = self.in_flight_limit(now) - channel.in_flight_lines
                 if room >= self.pacing.min_batch:
                     self._produce(min(room, self.pacing.batch_size))
         answers = call.take_answers()
@@ -229,6 +242,20 @@ class PredictExchange(Exchange):
         predictions = self.parse(answers)
         self.returned += len(predictions)
         return predictions
+
+    def in_flight_limit(self, now: float) -> int:
+        """The most lines that may be in flight at ``now`` (see
+        :attr:`Pacing.lines_at_deadline`)."""
+        pacing = self.pacing
+        if pacing.lines_at_deadline is None or self.deadline is None:
+            return pacing.max_in_flight_lines
+        elapsed = now - self._began if self._began is not None else 0.0
+        if self.returned and elapsed > 0:
+            # what the engine should answer before the deadline, at this call's rate
+            ahead = int(self.returned / elapsed * max(0.0, self.deadline - now))
+        else:
+            ahead = pacing.min_batch
+        return min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead)
 
     def _produce(self, want: int) -> None:
         parts = self._format(want)
