@@ -49,7 +49,7 @@ class Pacing(NamedTuple):
     :param lines_at_deadline: when set, a call with a deadline keeps in
         flight at most this many lines more than the engine is expected to
         answer before the deadline, at the rate it has answered the call so
-        far (until its first answers: ``min_batch`` more). Far from the
+        far (until its first answers: ``batch_size`` more). Far from the
         deadline ``max_in_flight_lines`` applies, so the engine has work
         queued even when the client is descheduled; near it, what the call
         leaves to be answered after its deadline shrinks to this many lines.
@@ -254,7 +254,7 @@ class PredictExchange(Exchange):
             # what the engine should answer before the deadline, at this call's rate
             ahead = int(self.returned / elapsed * max(0.0, self.deadline - now))
         else:
-            ahead = pacing.min_batch
+            ahead = pacing.batch_size
         return min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead)
 
     def _produce(self, want: int) -> None:
