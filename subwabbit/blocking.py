@@ -10,19 +10,22 @@ from .deadlines import validate_seconds
 from .process_model import VowpalWabbitProcessModel
 
 #: Default lines per write. Measured with ``python -m benchmarks.batch_size``
-#: (30 requests of 1,000 items, a quadratic interaction, 2-core machine):
+#: (30 requests of 1,000 items, a quadratic interaction, 2-core machine, two
+#: batches in flight and the engine's one-thread loop):
 #: 51k predictions/s at 1, 151k at 10, 191k at 20, 206k at 50, 222k at 100,
 #: 193k at 200, 145k at 500. 50 is within 8% of the peak while keeping the
 #: work in flight after a deadline (about one batch) small.
 DEFAULT_BATCH_SIZE = 50
 
 #: The most batches a call keeps in flight while its deadline is far (and
-#: always, without a timeout). As the deadline nears, a call keeps only what
-#: the engine is expected to answer by then plus one batch, so what it waits
-#: for after its deadline is about one batch. ``python -m
-#: benchmarks.blocking_pacing --items 6000`` (one process, 1,000 calls each,
-#: 10 ms): 1.020x the predictions of two batches at any time, with a mean
-#: wall time of 10.29 ms against 10.39 (see :doc:`throughput`).
+#: always, without a timeout). With a timeout, a call keeps two batches until
+#: its first predictions arrive, and as the deadline nears only what the
+#: engine is expected to answer by then plus one batch, so what it usually
+#: waits for after its deadline is about one batch (at most this many, if the
+#: engine slows down near the deadline). ``python -m benchmarks.blocking_pacing
+#: --items 6000`` (one process, 1,000 calls each, 10 ms): 1.020x the
+#: predictions of two batches at any time, with a mean wall time of 10.29 ms
+#: against 10.39 (see :doc:`throughput`).
 MAX_BATCHES_IN_FLIGHT = 4
 
 
@@ -30,8 +33,9 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
     """A VW model served by a vw engine over blocking pipes.
 
     ``predict`` formats items in batches and writes batch *k+1* before it
-    reads the predictions of batch *k*, so the engine is never idle while
-    Python formats lines. A timeout stops the formatting of new items; the
+    reads the predictions of batch *k* (up to :data:`MAX_BATCHES_IN_FLIGHT`
+    batches ahead while the deadline is far), so the engine is never idle
+    while Python formats lines. A timeout stops the formatting of new items; the
     predictions of what was already sent are still read (so a call can end a
     little after its deadline: use :class:`~subwabbit.nonblocking.VowpalWabbitNonBlockingProcess`
     for a hard deadline).

@@ -125,7 +125,10 @@ def test_blocking_pacing_benchmark_compares_pacings_in_one_process():
                         "two-batches", "default", "200:50")
     for name in ("two-batches", "default", "200:50"):
         assert f"{name}: predictions mean" in output
-    assert "(1.000x)" in output
+    output = run_module("benchmarks.blocking_pacing", "--requests", "4", "--items", "300",
+                        "--turn", "2", "--idle", "0.01", "two-batches", "default")
+    assert "2 processes taking turns of 2 calls" in output
+    assert "default: predictions mean" in output
 
 
 def test_blocking_pacing_names():
@@ -138,6 +141,9 @@ def test_blocking_pacing_names():
         deep = pacing_of("200:0", process)()
         assert (deep.max_in_flight_lines, deep.lines_at_deadline) == (200, None)
         assert pacing_of("90:30", process)().lines_at_deadline == 30
+        for wrong in ("10:0", "90:5", "fast", "90:x"):
+            with pytest.raises(ValueError, match="pacing"):
+                pacing_of(wrong, process)
 
 
 def test_nonblocking_settings_start_each_engine_with_the_driver_it_names():

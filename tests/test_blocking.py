@@ -3,12 +3,15 @@
 import gc
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from subwabbit import (VowpalWabbitDummyFormatter, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess, VowpalWabbitStartupError)
+
+from subwabbit.core.exchanges import PredictExchange
 
 from conftest import (children_of_this_process, engine_from_file, expected_scalars, format_lines,
                       items, open_fds, scoring_args)
@@ -86,18 +89,52 @@ def test_timeout_stops_formatting_new_items(formatter, trained_model):
 
 def test_a_deadline_gives_the_engines_predictions_for_a_prefix_of_the_items(formatter,
                                                                            trained_model, tmp_path):
-    # The depth in flight changes as the deadline nears (four batches, then
-    # what the engine answers by the deadline plus one): whatever it was, the
-    # call's predictions are the engine's, in item order, and nothing is left.
+    # However deep the pipe was when the deadline came, the call's predictions
+    # are the engine's, in item order, and nothing is left in flight.
     many = items(20000)
     expected = expected_scalars(format_lines(formatter, COMMON, many),
                                 scoring_args(trained_model), tmp_path)
     with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=7) as process:
         for timeout in (0.002, 0.005, 0.02):
             got = list(process.predict(COMMON, many, timeout=timeout))
-            assert 0 < len(got) < len(many)
+            assert len(got) < len(many)
             assert got == expected[:len(got)]
             assert process.pending_lines == 0
+
+
+def test_up_to_four_batches_in_flight_while_the_deadline_is_far(formatter, trained_model,
+                                                                monkeypatch):
+    # With the engine stopped, a call fills the pipe up to its limit and waits:
+    # four batches without a deadline; with one, until its first answers,
+    # one batch more than it keeps at the deadline (two).
+    in_flight = []
+    produce = PredictExchange._produce
+
+    def spy(self, want):
+        produce(self, want)
+        in_flight.append(self.channel.in_flight_lines)
+
+    monkeypatch.setattr(PredictExchange, "_produce", spy)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=7) as process:
+        pacing = process._pacing()  # pylint: disable=protected-access
+        assert (pacing.batch_size, pacing.min_batch, pacing.max_in_flight_lines,
+                pacing.lines_at_deadline) == (7, 7, 4 * 7, 7)
+        list(process.predict(COMMON, items(3)))  # the engine is up and answering
+        for timeout, limit in ((None, 28), (1.5, 14)):
+            in_flight.clear()
+            got = []
+            os.kill(process.pid, signal.SIGSTOP)
+            try:
+                call = threading.Thread(target=lambda: got.extend(
+                    process.predict(COMMON, items(300), timeout=timeout)))
+                call.start()
+                time.sleep(0.3)
+                assert in_flight and max(in_flight) == in_flight[-1] == limit
+            finally:
+                os.kill(process.pid, signal.SIGCONT)
+            call.join(10)
+            assert not call.is_alive() and len(got) == 300
+            assert max(in_flight) == 28
 
 
 def test_bad_lines_raise_before_sending_and_process_stays_usable(formatter, trained_model, tmp_path,

@@ -282,46 +282,68 @@ def _answer_all(channel, exchange, first, count, now):
     return exchange.step(now)
 
 
+def _tapering(**overrides):
+    """A blocking pacing whose numbers all differ, so that a test shows which is used."""
+    settings = dict(batch_size=10, max_in_flight_lines=60, min_batch=5, hard_deadline=False,
+                    lines_at_deadline=15)
+    settings.update(overrides)
+    return Pacing(**settings)
+
+
 def test_blocking_pacing_keeps_in_flight_what_the_engine_answers_by_the_deadline():
-    pacing = Pacing(batch_size=10, max_in_flight_lines=40, min_batch=10, hard_deadline=False,
-                    lines_at_deadline=10)
     channel = Channel()
-    exchange = _predict(channel, range(1000), pacing, deadline=10.0)
-    assert exchange.in_flight_limit(0.0) == 20  # no answers yet: one batch more than at the end
-    exchange.step(0.0)
-    exchange.step(0.0)
-    exchange.step(0.0)
-    assert channel.in_flight_lines == 20
-    # 10 answers in 1 s: 10 lines/s, so 90 more before the deadline; capped at 40
+    exchange = _predict(channel, range(1000), _tapering(), deadline=10.0)
+    assert exchange.in_flight_limit(0.0) == 15 + 10  # no answers yet: one batch more
+    for _ in range(5):
+        exchange.step(0.0)
+    assert channel.in_flight_lines == 25  # 10 + 10 + 5, then no room for min_batch
+    # answered before the step takes them: still no rate, so refilled to 25
     assert _answer_all(channel, exchange, 0, 10, 1.0) == list(range(10))
-    assert exchange.in_flight_limit(1.0) == 40
-    assert channel.in_flight_lines == 20  # stepped once: one batch formatted per step
-    exchange.step(1.0)
-    exchange.step(1.0)
-    assert channel.in_flight_lines == 40
-    # 40 answers in 8 s: 5 lines/s, and 2 s left: 10 more expected, so 20 in flight
+    assert channel.in_flight_lines == 25
+    # 10 answers in 1 s, 9 s left: 90 more expected, capped at 60
+    assert exchange.in_flight_limit(1.0) == 60
+    for _ in range(5):
+        exchange.step(1.0)
+    assert channel.in_flight_lines == 60
+    # 40 answers in 8 s, 2 s left: 10 more expected, so 15 + 10
     assert _answer_all(channel, exchange, 10, 30, 8.0) == list(range(10, 40))
-    assert exchange.in_flight_limit(8.0) == 10 + 10
+    assert exchange.in_flight_limit(8.0) == 25
     exchange.step(8.0)
-    exchange.step(8.0)
-    assert channel.in_flight_lines == 20
-    # no answer by 9.0: 40 in 9 s, 1 s left, 4 more expected; no room for a whole batch
-    assert exchange.in_flight_limit(9.0) == 10 + 4
-    exchange.step(9.0)
-    assert channel.in_flight_lines == 20
-    assert exchange.in_flight_limit(10.0) == 10
-    assert exchange.in_flight_limit(12.0) == 10
+    assert channel.in_flight_lines == 30  # over the limit: nothing sent
+    # 20 more answered by 9.0 (40 in 9 s, 1 s left: 4 more expected): 19 allowed, 9 sent
+    assert _answer_all(channel, exchange, 40, 20, 9.0) == list(range(40, 60))
+    assert channel.in_flight_lines == 19
+    assert exchange.in_flight_limit(9.0) == 15 + 6  # 60 in 9 s, 1 s left
+    assert exchange.in_flight_limit(10.0) == 15
+    assert exchange.in_flight_limit(12.0) == 15
+
+
+def test_blocking_pacing_can_always_send_when_nothing_is_in_flight():
+    # lines_at_deadline below min_batch: the limit never falls under min_batch,
+    # so a call whose lines are all answered near its deadline still sends
+    # (else it would wait for answers to nothing, up to io_timeout_s).
+    channel = Channel()
+    pacing = _tapering(min_batch=10, max_in_flight_lines=40, lines_at_deadline=5)
+    exchange = _predict(channel, range(1000), pacing, deadline=10.0)
+    exchange.step(0.0)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 10  # 5 + 10 = 15 allowed: one whole batch
+    assert _answer_all(channel, exchange, 0, 10, 9.9) == list(range(10))
+    assert channel.in_flight_lines == 10
+    assert _answer_all(channel, exchange, 10, 10, 9.95) == list(range(10, 20))
+    assert exchange.in_flight_limit(9.95) == 10  # 5 + 0 expected, raised to min_batch
+    assert channel.in_flight_lines == 10 and exchange.producing and not exchange.done
+    limits = _predict(Channel(), range(10), _tapering(max_in_flight_lines=3))
+    assert limits.in_flight_limit(0.0) == 5  # no deadline: max_in_flight_lines, at least min_batch
 
 
 def test_blocking_pacing_without_a_deadline_keeps_the_most_in_flight():
-    pacing = Pacing(batch_size=10, max_in_flight_lines=40, min_batch=10, hard_deadline=False,
-                    lines_at_deadline=10)
     channel = Channel()
-    exchange = _predict(channel, range(1000), pacing)
-    for _ in range(6):
+    exchange = _predict(channel, range(1000), _tapering())
+    for _ in range(8):
         exchange.step(0.0)
-    assert channel.in_flight_lines == 40
-    assert exchange.in_flight_limit(0.0) == 40
+    assert channel.in_flight_lines == 60
+    assert exchange.in_flight_limit(0.0) == 60
 
 
 def test_answers_of_earlier_calls_slow_the_rate_down_not_up():
@@ -332,15 +354,15 @@ def test_answers_of_earlier_calls_slow_the_rate_down_not_up():
     first.step(0.0)
     channel.write_with(len)
     first.end()
-    pacing = Pacing(batch_size=10, max_in_flight_lines=100, min_batch=10, hard_deadline=False,
-                    lines_at_deadline=10)
-    second = _predict(channel, range(100, 200), pacing, deadline=10.0)
+    second = _predict(channel, range(100, 200), _tapering(max_in_flight_lines=100),
+                      deadline=10.0)
     second.step(0.0)
+    assert channel.in_flight_lines == 20  # 10 leftovers + one batch, of 25 allowed
     channel.receive(b"".join(b"%d\n" % n for n in range(10)))  # the leftovers
     assert second.step(1.0) == []
-    assert second.in_flight_limit(9.0) == 20  # still no answers of its own
+    assert second.in_flight_limit(9.0) == 25  # still no answers of its own
     assert _answer_all(channel, second, 100, 10, 2.0) == list(range(100, 110))
-    assert second.in_flight_limit(2.0) == 10 + 40  # 10 answers in 2 s, 8 s left
+    assert second.in_flight_limit(2.0) == 15 + 40  # 10 answers in 2 s, 8 s left
 
 
 def test_hard_deadline_stops_sending_at_the_cutoff_and_ends_at_the_deadline():

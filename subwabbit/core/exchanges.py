@@ -52,7 +52,10 @@ class Pacing(NamedTuple):
         far (until its first answers: ``batch_size`` more). Far from the
         deadline ``max_in_flight_lines`` applies, so the engine has work
         queued even when the client is descheduled; near it, what the call
-        leaves to be answered after its deadline shrinks to this many lines.
+        leaves to be answered after its deadline shrinks to this many lines
+        (more if the engine slows down after the rate was measured: at most
+        ``max_in_flight_lines``). Single-line kinds only: a multi-line call
+        queues its one example when ``max_in_flight_lines`` leaves room.
         ``None``: ``max_in_flight_lines`` at any time
     """
 
@@ -245,17 +248,19 @@ class PredictExchange(Exchange):
 
     def in_flight_limit(self, now: float) -> int:
         """The most lines that may be in flight at ``now`` (see
-        :attr:`Pacing.lines_at_deadline`)."""
+        :attr:`Pacing.lines_at_deadline`); never less than ``min_batch``, so
+        that a call with nothing in flight can always send."""
         pacing = self.pacing
         if pacing.lines_at_deadline is None or self.deadline is None:
-            return pacing.max_in_flight_lines
+            return max(pacing.min_batch, pacing.max_in_flight_lines)
         elapsed = now - self._began if self._began is not None else 0.0
         if self.returned and elapsed > 0:
             # what the engine should answer before the deadline, at this call's rate
             ahead = int(self.returned / elapsed * max(0.0, self.deadline - now))
         else:
             ahead = pacing.batch_size
-        return min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead)
+        return max(pacing.min_batch,
+                   min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead))
 
     def _produce(self, want: int) -> None:
         parts = self._format(want)
