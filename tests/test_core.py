@@ -282,6 +282,14 @@ def _answer_all(channel, exchange, first, count, now):
     return exchange.step(now)
 
 
+def _leave_leftovers(channel):
+    """A call that sends lines 0-9 and ends before their answers come."""
+    first = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=10))
+    first.step(0.0)
+    channel.write_with(len)
+    first.end()
+
+
 def _tapering(**overrides):
     """A blocking pacing whose numbers all differ, so that a test shows which is used."""
     settings = dict(batch_size=10, max_in_flight_lines=60, min_batch=5, hard_deadline=False,
@@ -350,10 +358,7 @@ def test_answers_of_earlier_calls_slow_the_rate_down_not_up():
     # Leftovers answered during the call count as its time but not its answers,
     # so what it keeps in flight near its deadline can only be less.
     channel = Channel()
-    first = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=10))
-    first.step(0.0)
-    channel.write_with(len)
-    first.end()
+    _leave_leftovers(channel)  # lines 0-9, sent and abandoned
     second = _predict(channel, range(100, 200), _tapering(max_in_flight_lines=100),
                       deadline=10.0)
     second.step(0.0)
@@ -414,10 +419,7 @@ def test_idle_timeout_applies_only_without_a_hard_deadline():
 
 def test_new_lines_wait_for_room_behind_leftovers_and_cleared_at_is_noted():
     channel = Channel()
-    first = _predict(channel, range(100), Pacing(batch_size=10, max_in_flight_lines=10))
-    first.step(0.0)
-    channel.write_with(len)
-    first.end()
+    _leave_leftovers(channel)  # lines 0-9, sent and abandoned
     second = _predict(channel, range(100, 200), Pacing(batch_size=10, max_in_flight_lines=10))
     assert second.cleared_at is None
     second.step(1.0)
