@@ -29,9 +29,10 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from subwabbit import VowpalWabbitProcess
+from subwabbit.blocking import DEFAULT_BATCH_SIZE
 from subwabbit.core.exchanges import Pacing
 
 from .report import nearest_rank
@@ -41,29 +42,39 @@ from .workload import RecommenderFormatter, Workload, prediction_args
 DEFAULT_PACINGS = ["two-batches", "default"]
 
 
+def parse_pacing(name: str, batch: int) -> Optional[Tuple[int, int]]:
+    """``(DEEP, AT)`` for a pacing's name (``AT`` 0: none), ``None`` for ``default``.
+
+    :raises ValueError: for a name that is not a pacing, or one under which a
+        call could not send a whole batch of ``batch`` lines
+    """
+    if name == "default":
+        return None
+    if name == "two-batches":
+        return 2 * batch, 0
+    deep_text, _, at_text = name.partition(":")
+    try:
+        deep, at = int(deep_text), int(at_text or 0)
+    except ValueError:
+        raise ValueError(f"pacing {name!r}: default, two-batches or DEEP:AT") from None
+    if deep < batch or at < 0 or 0 < at < batch:
+        raise ValueError(f"pacing {name!r}: DEEP and a non-zero AT must be at least "
+                         f"the batch size ({batch})")
+    return deep, at
+
+
 def pacing_of(name: str, process: VowpalWabbitProcess) -> Callable[[], Pacing]:
     """The pacing a name stands for, as a replacement of ``process._pacing``.
 
-    :raises ValueError: for a name that is not a pacing, or one under which a
-        call could not send a whole batch
+    :raises ValueError: see :func:`parse_pacing`
     """
-    # pylint: disable=protected-access
-    if name == "default":
-        return process._pacing
-    batch = process.batch_size
-    if name == "two-batches":
-        deep, at = 2 * batch, 0
-    else:
-        deep_text, _, at_text = name.partition(":")
-        try:
-            deep, at = int(deep_text), int(at_text or 0)
-        except ValueError:
-            raise ValueError(f"pacing {name!r}: default, two-batches or DEEP:AT") from None
-        if deep < batch or 0 < at < batch:
-            raise ValueError(f"pacing {name!r}: DEEP and a non-zero AT must be at least "
-                             f"the batch size ({batch})")
-    pacing = Pacing(batch_size=batch, max_in_flight_lines=deep, min_batch=batch,
-                    hard_deadline=False, lines_at_deadline=at or None)
+    chosen = parse_pacing(name, process.batch_size)
+    if chosen is None:
+        return process._pacing  # pylint: disable=protected-access
+    deep, at = chosen
+    pacing = Pacing(batch_size=process.batch_size, max_in_flight_lines=deep,
+                    min_batch=process.batch_size, hard_deadline=False,
+                    lines_at_deadline=at or None)
     return lambda: pacing
 
 
@@ -135,8 +146,13 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=0.05,
                         help="with --turn: seconds of idleness before each turn (default 0.05)")
     options = parser.parse_args()
-    workload = Workload(min(options.requests, 100), options.items)
     names = options.pacings
+    try:  # refuse a wrong name before the model is trained
+        for name in names:
+            parse_pacing(name, DEFAULT_BATCH_SIZE)
+    except ValueError as exc:
+        parser.error(str(exc))
+    workload = Workload(min(options.requests, 100), options.items)
     with tempfile.TemporaryDirectory() as directory:
         model = os.path.join(directory, "model.vw")
         train_model(workload, model)
@@ -150,7 +166,7 @@ def main() -> None:
             how = "one process, pacing switched call by call"
     print(f"{options.requests} calls per pacing x {options.items} items, "
           f"timeout {options.timeout * 1000:g} ms, {how}")
-    first = statistics.mean(measured[names[0]][0])
+    first = statistics.mean(measured[names[0]][0]) or 1.0
     for name in names:
         counts, walls = measured[name]
         mean = statistics.mean(counts)

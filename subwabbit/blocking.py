@@ -23,9 +23,9 @@ DEFAULT_BATCH_SIZE = 50
 #: engine is expected to answer by then plus one batch, so what it usually
 #: waits for after its deadline is about one batch (at most this many, if the
 #: engine slows down near the deadline). ``python -m benchmarks.blocking_pacing
-#: --items 6000`` (one process, 1,000 calls each, 10 ms): 1.020x the
-#: predictions of two batches at any time, with a mean wall time of 10.29 ms
-#: against 10.39 (see :doc:`throughput`).
+#: --items 6000 two-batches default 200:100 200:0`` (one process, 1,000 calls
+#: each, 10 ms): 1.020x the predictions of two batches at any time, with a
+#: mean wall time of 10.29 ms against 10.39 (see :doc:`throughput` for more).
 MAX_BATCHES_IN_FLIGHT = 4
 
 

@@ -129,6 +129,10 @@ def test_blocking_pacing_benchmark_compares_pacings_in_one_process():
                         "--turn", "2", "--idle", "0.01", "two-batches", "default")
     assert "2 processes taking turns of 2 calls" in output
     assert "default: predictions mean" in output
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.blocking_pacing", "30:0"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "at least the batch size (50)" in refused.stdout
 
 
 def test_blocking_pacing_names():
@@ -141,7 +145,7 @@ def test_blocking_pacing_names():
         deep = pacing_of("200:0", process)()
         assert (deep.max_in_flight_lines, deep.lines_at_deadline) == (200, None)
         assert pacing_of("90:30", process)().lines_at_deadline == 30
-        for wrong in ("10:0", "90:5", "fast", "90:x"):
+        for wrong in ("10:0", "90:5", "fast", "90:x", "100:-5"):
             with pytest.raises(ValueError, match="pacing"):
                 pacing_of(wrong, process)
 

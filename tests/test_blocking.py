@@ -1,10 +1,12 @@
 """VowpalWabbitProcess against the real engine."""
 
 import gc
+import math
 import os
 import signal
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -120,21 +122,39 @@ def test_up_to_four_batches_in_flight_while_the_deadline_is_far(formatter, train
         assert (pacing.batch_size, pacing.min_batch, pacing.max_in_flight_lines,
                 pacing.lines_at_deadline) == (7, 7, 4 * 7, 7)
         list(process.predict(COMMON, items(3)))  # the engine is up and answering
-        for timeout, limit in ((None, 28), (1.5, 14)):
+        for timeout, limit in ((None, 28), (2.0, 14)):
             in_flight.clear()
-            got = []
+            got, failed = [], []
+
+            def call():
+                try:
+                    got.extend(process.predict(COMMON, items(300), timeout=timeout))
+                except Exception as exc:  # pylint: disable=broad-except
+                    failed.append(exc)
+
             os.kill(process.pid, signal.SIGSTOP)
             try:
-                call = threading.Thread(target=lambda: got.extend(
-                    process.predict(COMMON, items(300), timeout=timeout)))
-                call.start()
-                time.sleep(0.3)
+                caller = threading.Thread(target=call)
+                caller.start()
+                waited = time.monotonic() + 5
+                while not (in_flight and in_flight[-1] >= limit) and time.monotonic() < waited:
+                    time.sleep(0.01)
+                time.sleep(0.1)  # no more is sent while the engine answers nothing
                 assert in_flight and max(in_flight) == in_flight[-1] == limit
             finally:
                 os.kill(process.pid, signal.SIGCONT)
-            call.join(10)
-            assert not call.is_alive() and len(got) == 300
-            assert max(in_flight) == 28
+            caller.join(10)
+            assert not caller.is_alive() and not failed
+            assert len(got) == 300  # 300 items take far less than the rest of 2 s
+
+
+def test_an_infinite_timeout_is_no_limit(formatter, trained_model, tmp_path):
+    expected = expected_scalars(format_lines(formatter, COMMON, items(2000)),
+                                scoring_args(trained_model), tmp_path)
+    with VowpalWabbitProcess(formatter, scoring_args(trained_model), batch_size=7) as process:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a long budget is warned about once per process
+            assert list(process.predict(COMMON, items(2000), timeout=math.inf)) == expected
 
 
 def test_bad_lines_raise_before_sending_and_process_stays_usable(formatter, trained_model, tmp_path,

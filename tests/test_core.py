@@ -6,6 +6,7 @@ The invariant under test: an answer is never given to another item or
 another call, whatever calls end early, time out or are superseded.
 """
 
+import math
 import random
 
 import pytest
@@ -324,6 +325,18 @@ def test_blocking_pacing_keeps_in_flight_what_the_engine_answers_by_the_deadline
     assert exchange.in_flight_limit(9.0) == 15 + 6  # 60 in 9 s, 1 s left
     assert exchange.in_flight_limit(10.0) == 15
     assert exchange.in_flight_limit(12.0) == 15
+
+
+def test_blocking_pacing_takes_an_infinite_deadline():
+    channel = Channel()
+    exchange = _predict(channel, range(1000), _tapering(), deadline=math.inf)
+    for _ in range(5):
+        exchange.step(0.0)
+    assert _answer_all(channel, exchange, 0, 25, 1.0) == list(range(25))
+    assert exchange.in_flight_limit(1.0) == 60
+    for _ in range(8):
+        exchange.step(2.0)
+    assert channel.in_flight_lines == 60
 
 
 def test_blocking_pacing_can_always_send_when_nothing_is_in_flight():

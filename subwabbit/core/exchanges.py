@@ -255,8 +255,10 @@ class PredictExchange(Exchange):
             return max(pacing.min_batch, pacing.max_in_flight_lines)
         elapsed = now - self._began if self._began is not None else 0.0
         if self.returned and elapsed > 0:
-            # what the engine should answer before the deadline, at this call's rate
-            ahead = int(self.returned / elapsed * max(0.0, self.deadline - now))
+            # what the engine should answer before the deadline, at this call's
+            # rate (capped before int(): a deadline may be infinite)
+            ahead = int(min(float(pacing.max_in_flight_lines),
+                            self.returned / elapsed * max(0.0, self.deadline - now)))
         else:
             ahead = pacing.batch_size
         return max(pacing.min_batch,
