@@ -80,6 +80,23 @@ def reference_layout(frame: Any, column: str, phase: str = "timeout") -> Any:
     return table.loc[list(REFERENCE_STATISTICS)]
 
 
+def by_turn_position(frame: Any, block: int) -> Any:
+    """Mean predictions of the timeout pass per contender (rows, in the order
+    they first appear) and per place of the call in its contender's turn
+    (columns 1 to ``block``: a turn serves the requests ``k * block`` to
+    ``k * block + block - 1``, after its unmeasured warm-up calls)."""
+    import pandas  # pylint: disable=import-outside-toplevel
+
+    timed = frame[(frame["phase"] == "timeout") & frame["predictions"].notna()]
+    if timed.empty:
+        return pandas.DataFrame()
+    timed = timed.assign(place=pandas.to_numeric(timed["request"]).astype(int) % block + 1,
+                         predictions=pandas.to_numeric(timed["predictions"]))
+    table = timed.pivot_table(index="contender", columns="place", values="predictions",
+                              aggfunc="mean")
+    return table.loc[list(timed["contender"].unique())]
+
+
 def layout_table(table: Any, digits: int, corner: str) -> str:
     """A reference-layout table as a reST simple table.
 

@@ -255,6 +255,22 @@ def warm_up_paragraph(results: Dict[str, Any]) -> str:
             f"every table; their mean predictions per call: {means}.")
 
 
+def turn_position_table(calls: Any, block: int) -> List[str]:
+    """Mean predictions per call by the call's place in its turn (see
+    :func:`benchmarks.calls.by_turn_position`), with its caption."""
+    from .calls import by_turn_position  # pylint: disable=import-outside-toplevel
+
+    table = by_turn_position(calls, block)
+    if table.empty:
+        return []
+    rows = [[str(name)] + [_num(None if value != value else value)  # NaN: none at that place
+                           for value in table.loc[name]] for name in table.index]
+    return ["**Predictions per call by its place in the turn** (mean over the turns; 1 is "
+            "the first measured call): how much slower the first calls of a turn are, and "
+            "the rate once warm, which the means above average together",
+            simple_table(["contender"] + [str(place) for place in table.columns], rows)]
+
+
 def simple_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A reStructuredText simple table (first column left-aligned, the rest right)."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
@@ -342,6 +358,8 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
         for name, record in results["engine_per_request"].items())
         + f". Method: {method}.")
     out.append(warm_up_paragraph(results))
+    if calls is not None:
+        out += turn_position_table(calls, results["timeout"]["block"])
 
     out.append(f"**predict() wall time in ms with timeout={timeout_ms:g} ms**")
     rows = []

@@ -49,6 +49,13 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert "Each turn begins with 1 unmeasured call(s)" in text
     blocking = timed[timed["contender"] == "blocking"]
     assert sorted(blocking["request"]) == list(range(40))
+    # the mean predictions per place in a turn, from the same calls
+    places = text[text.index("**Predictions per call by its place in the turn**"):]
+    places = places.split("\n\n")[1].splitlines()
+    assert places[1].split() == ["contender"] + [str(place) for place in range(1, block + 1)]
+    row = next(line.split() for line in places[3:] if line.startswith("blocking "))
+    first = blocking[blocking["request"] % block == 0]["predictions"].mean()
+    assert row[1] == f"{first:,.0f}"
     assert list(blocking["predictions"]) == results["timeout"]["contenders"]["blocking"]["lines"]
     assert (blocking["over_deadline_s"] - (blocking["wall_s"] - 0.010)).abs().max() < 1e-12
     assert set(calls[calls["phase"] == "train"]["contender"]) == {"write-only train (wheel)"}
