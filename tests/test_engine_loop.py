@@ -12,7 +12,7 @@ import os
 import random
 import subprocess
 import time
-from typing import Dict, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import pytest
 
@@ -100,6 +100,14 @@ def run_engine(args: Sequence[str], data: bytes, workdir: str, *, from_file: boo
     return done.returncode, done.stdout.replace(workdir.encode(), b"DIR"), models
 
 
+def file_and_stdin(args: Sequence[str], data: bytes, tmp_path: Any,
+                   env: Dict[str, str] = LOOP) -> Tuple[Any, Any]:
+    """:func:`run_engine` on ``data`` read from a file with ``-d`` (vw's own
+    driver), then on stdin with ``env`` (default: the loop asked for)."""
+    return (run_engine(args, data, str(tmp_path / "vw"), from_file=True),
+            run_engine(args, data, str(tmp_path / "stdin"), from_file=False, env=env))
+
+
 def engine_threads(args: Sequence[str], env: Dict[str, str] = None) -> int:
     """How many threads the engine runs once it has answered an example."""
     process = subprocess.Popen(default_engine_command() + ["-p", "stdout"] + list(args),
@@ -119,8 +127,7 @@ def engine_threads(args: Sequence[str], env: Dict[str, str] = None) -> int:
 @pytest.mark.parametrize("args", LOOP_CONFIGS)
 def test_loop_prints_and_saves_what_vw_prints_and_saves(args, tmp_path):
     data = corpus()
-    vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False, env=LOOP)
+    vw, loop = file_and_stdin(args.split(), data, tmp_path)
     assert vw[0] == 0 and loop[0] == 0
     assert loop[1] == vw[1]
     assert loop[2] == vw[2]
@@ -146,8 +153,7 @@ def untagged_corpus() -> bytes:
 def test_loop_prints_what_vw_prints_for_untagged_lines(args, tmp_path):
     """The loop's path for chunks without labels or tags."""
     data = untagged_corpus()
-    vw = run_engine(args.split(), data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args.split(), data, str(tmp_path / "loop"), from_file=False, env=LOOP)
+    vw, loop = file_and_stdin(args.split(), data, tmp_path)
     assert vw[0] == 0 and loop[0] == 0
     assert loop[1] == vw[1]
     assert loop[1].count(b"\n") == 6000
@@ -183,8 +189,7 @@ def test_the_configurations_cover_every_learner_the_loop_serves():
 def test_vw_driver_serves_what_the_loop_does_not(args, tmp_path):
     assert engine_threads(args, LOOP) == 2  # a parser thread and a learner thread
     data = b"1 |a x\n2 |a y\n|a x\n3 |b z\n"
-    vw = run_engine(args, data, str(tmp_path / "vw"), from_file=True)
-    piped = run_engine(args, data, str(tmp_path / "stdin"), from_file=False, env=LOOP)
+    vw, piped = file_and_stdin(args, data, tmp_path)
     assert piped[:2] == vw[:2]
 
 
@@ -204,8 +209,7 @@ def test_an_engine_on_stdin_runs_vw_driver_unless_the_loop_is_asked_for(env, tmp
     assert engine_threads(["--quiet"], env) == 2
     assert engine_threads(["--quiet"], {**env, **LOOP}) == 1
     data = corpus()
-    vw = run_engine(["--quiet"], data, str(tmp_path / "vw"), from_file=True)
-    piped = run_engine(["--quiet"], data, str(tmp_path / "stdin"), from_file=False, env=env)
+    vw, piped = file_and_stdin(["--quiet"], data, tmp_path, env=env)
     assert piped == vw
 
 
@@ -234,8 +238,7 @@ def test_training_through_the_loop_saves_the_model_vw_saves(tmp_path):
     data = b"".join(b"%d |a f%d |b g%d\n" % (i % 2 * 2 - 1, i % 13, i % 7) for i in range(3000))
     data += b"save_SAVEDIR/middle.vw|\n" + data
     args = ["--quiet", "-q", "ab", "-f", "DIR/final.vw"]
-    vw = run_engine(args, data, str(tmp_path / "vw"), from_file=True)
-    loop = run_engine(args, data, str(tmp_path / "loop"), from_file=False, env=LOOP)
+    vw, loop = file_and_stdin(args, data, tmp_path)
     assert set(vw[2]) == {"middle.vw", "final.vw"}
     assert loop == vw
 
