@@ -103,12 +103,14 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="requests checked against the engine before timing (default 3)")
     parser.add_argument("--breakdown-requests", type=int, default=100,
                         help="requests run with detailed_metrics (default 100)")
-    parser.add_argument("--block", type=int, default=10,
-                        help="requests per turn of a contender in the timeout pass (default 10)")
-    parser.add_argument("--warm-up-calls", type=int, default=1,
+    parser.add_argument("--block", type=int, default=20,
+                        help="requests per turn of a contender in the timeout pass (default 20)")
+    parser.add_argument("--warm-up-calls", type=int, default=15,
                         help="unmeasured calls that begin each turn of a contender in the "
-                             "timeout pass, on the request before the block, as the engine "
-                             "alone's turn begins with a warm-up request (default 1; 0: none)")
+                             "timeout pass, on the requests before the block; the engine "
+                             "alone's turn begins with as many requests (at least one). An "
+                             "engine that waited while the others ran is slow for about "
+                             "100 ms (python -m benchmarks.idle_ramp); default 15, 0: none")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="batch_size of both subwabbit classes (default: the class default)")
     parser.add_argument("--max-pending-lines", type=int, default=None,
@@ -141,7 +143,7 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
         options.train_lines, options.train_rounds = 20_000, 1
         options.throughput_requests, options.rounds = 20, 3
         options.engine_requests, options.check_requests, options.breakdown_requests = 20, 2, 10
-        options.block = 5
+        options.block, options.warm_up_calls = 5, 2
         options.pause_probe = 0.5
     options.contenders = [name.strip() for name in options.contenders.split(",") if name.strip()]
     unknown = set(options.contenders) - set(ALL_CONTENDERS)
@@ -149,6 +151,8 @@ def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"unknown contenders: {', '.join(sorted(unknown))}")
     if options.timeout <= 0:
         parser.error("--timeout must be positive")
+    if options.block < 1 or options.warm_up_calls < 0:
+        parser.error("--block must be at least 1 and --warm-up-calls at least 0")
     if options.out is None:
         options.out = default_out_dir()
     if options.vw_executable:
@@ -379,7 +383,8 @@ class Benchmark:
                                      / sum(record["seconds"]))
             record["method"] = (
                 "per block of requests, one engine reads the block's sampled requests from a "
-                "file (after a warm-up request) and writes its predictions to a pipe, read every "
+                f"file (after {max(1, options.warm_up_calls)} warm-up request(s), the "
+                "requests before the block) and writes its predictions to a pipe, read every "
                 "2 ms and stamped evenly in between; a request's time runs from the last "
                 "prediction of the request before it to its own last; lines within the timeout "
                 "= min(n, n * timeout / time)")
@@ -452,22 +457,26 @@ class Benchmark:
         if not sampled:
             return
         workload, timeout = self.workload, self.options.timeout
-        warm = (sampled[0] - 1) % len(workload)  # leads the engine in, not measured
+        # The requests before the block lead the engine in, as many as a
+        # contender's warm-up calls (at least one), and are not measured.
+        lead = max(1, self.options.warm_up_calls)
+        warm = [(sampled[0] - call) % len(workload) for call in range(lead, 0, -1)]
         requests_lines = [self.formatter.lines(request, items)
-                          for request, items in workload.pairs([warm] + sampled)]
+                          for request, items in workload.pairs(warm + sampled)]
         busy, cpu, children = machine_busy_seconds(), time.process_time(), children_cpu_seconds()
         began = time.perf_counter()
         durations = per_request_rates(engine.command, prediction_args(self.model_path),
-                                      requests_lines, self.workdir)
+                                      requests_lines, self.workdir, warm_up=lead)
         record["elapsed_s"] += time.perf_counter() - began
         ours = time.process_time() - cpu + children_cpu_seconds() - children
         record["other_cpu_s"] += machine_busy_seconds() - busy - ours
         within = [min(len(lines), int(len(lines) * timeout / seconds))
-                  for lines, seconds in zip(requests_lines[1:], durations)]
+                  for lines, seconds in zip(requests_lines[lead:], durations)]
         record["requests"] += sampled
         record["seconds"] += durations
         record["lines"] += within
-        for index, lines, seconds, count in zip(sampled, requests_lines[1:], durations, within):
+        for index, lines, seconds, count in zip(sampled, requests_lines[lead:], durations,
+                                                    within):
             self.calls.append({"phase": "timeout", "contender": engine_alone(engine.name),
                                "engine": engine.name, "round": turn, "request": index,
                                "items": len(lines), "predictions": count, "engine_s": seconds,

@@ -80,21 +80,40 @@ def reference_layout(frame: Any, column: str, phase: str = "timeout") -> Any:
     return table.loc[list(REFERENCE_STATISTICS)]
 
 
-def by_turn_position(frame: Any, block: int) -> Any:
-    """Mean predictions of the timeout pass per contender (rows, in the order
-    they first appear) and per place of the call in its contender's turn
-    (columns 1 to ``block``: a turn serves the requests ``k * block`` to
-    ``k * block + block - 1``, after its unmeasured warm-up calls)."""
+def by_turn_position(frame: Any, block: int, group: int = 5) -> Any:
+    """Mean predictions per contender (rows, in the order they first appear)
+    and per place of the call in its contender's turn, places taken ``group``
+    at a time (columns). A turn begins with its unmeasured warm-up calls
+    (columns ``w1-5``, ``w6-10``, ...; the calls of phase ``warm-up`` in the
+    order they were made) and goes on with the measured ones (columns ``1-5``,
+    ...: a turn serves the requests ``k * block`` to ``k * block + block - 1``
+    of the timeout pass). The engine alone has measured places only."""
     import pandas  # pylint: disable=import-outside-toplevel
 
     timed = frame[(frame["phase"] == "timeout") & frame["predictions"].notna()]
     if timed.empty:
         return pandas.DataFrame()
-    timed = timed.assign(place=pandas.to_numeric(timed["request"]).astype(int) % block + 1,
-                         predictions=pandas.to_numeric(timed["predictions"]))
-    table = timed.pivot_table(index="contender", columns="place", values="predictions",
-                              aggfunc="mean")
-    return table.loc[list(timed["contender"].unique())]
+    warm = frame[(frame["phase"] == "warm-up") & frame["predictions"].notna()]
+    warm_places = warm.groupby(["contender", "round"]).cumcount()
+    timed_places = pandas.to_numeric(timed["request"]).astype(int) % block
+
+    warm_calls = int(warm_places.max()) + 1 if len(warm) else 0
+
+    def label(place: int, prefix: str, places: int) -> str:
+        first = place // group * group + 1
+        last = min(first + group - 1, places)
+        return f"{prefix}{first}" if last == first else f"{prefix}{first}-{last}"
+
+    places = pandas.concat([
+        warm.assign(place=[label(place, "w", warm_calls) for place in warm_places],
+                    order=warm_places // group),
+        timed.assign(place=[label(place, "", block) for place in timed_places],
+                     order=timed_places // group + 1_000_000)])
+    places = places.assign(predictions=pandas.to_numeric(places["predictions"]))
+    table = places.pivot_table(index="contender", columns="place", values="predictions",
+                               aggfunc="mean")
+    columns = places.drop_duplicates("place").sort_values("order")["place"]
+    return table.loc[list(timed["contender"].unique()), list(columns)]
 
 
 def layout_table(table: Any, digits: int, corner: str) -> str:

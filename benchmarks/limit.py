@@ -159,13 +159,17 @@ class FileRuns:
 
 def per_request_rates(command: Sequence[str], args: Sequence[str],
                       requests_lines: Sequence[Sequence[str]], workdir: str,
-                      poll_s: float = 0.002) -> List[float]:
+                      poll_s: float = 0.002, warm_up: int = 1) -> List[float]:
     """Seconds the engine spends on each request's lines (see the module doc).
 
-    :param requests_lines: the lines of each request; the first request only
-        warms the engine up and gets no time of its own
-    :returns: one duration per request after the first
+    :param requests_lines: the lines of each request; the first ``warm_up``
+        requests only warm the engine up and get no time of their own
+    :param warm_up: how many requests lead in (at least 1: the first
+        measured request's time starts at the last prediction before it)
+    :returns: one duration per request after the first ``warm_up``
     """
+    if warm_up < 1:
+        raise ValueError(f"warm_up must be at least 1, not {warm_up}")
     path = os.path.join(workdir, "per-request.txt")
     with open(path, "w", encoding="utf-8") as handle:
         for lines in requests_lines:
@@ -204,8 +208,8 @@ def per_request_rates(command: Sequence[str], args: Sequence[str],
     if len(stamps) != expected:
         raise RuntimeError(f"the engine printed {len(stamps)} predictions for {expected} lines")
     durations = []
-    end = len(requests_lines[0])
-    for lines in requests_lines[1:]:
+    end = sum(len(lines) for lines in requests_lines[:warm_up])
+    for lines in requests_lines[warm_up:]:
         durations.append(stamps[end + len(lines) - 1] - stamps[end - 1])
         end += len(lines)
     return durations

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -41,21 +42,28 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
                              "pool": 40, "pool-1": 40,
                              "engine alone (wheel)": 20}  # --quick: 40 requests, 20 sampled
     assert set(calls["phase"]) == {"timeout", "warm-up", "throughput", "breakdown", "train"}
-    # each turn of a contender began with an unmeasured call on the request before its block
+    # each turn of a contender began with unmeasured calls (--quick: 2) on the
+    # requests before its block, the nearest first
     warm_up = calls[(calls["phase"] == "warm-up") & (calls["contender"] == "blocking")]
     block = results["timeout"]["block"]
-    assert sorted(warm_up["request"]) == sorted((start - 1) % 40 for start in range(0, 40, block))
+    assert block == 5 and results["timeout_warm_up"]["calls_per_turn"] == 2
+    assert list(warm_up["request"]) == [(start - call) % 40 for start in range(0, 40, block)
+                                        for call in (1, 2)]
     assert "engine alone (wheel)" not in set(calls[calls["phase"] == "warm-up"]["contender"])
-    assert "Each turn begins with 1 unmeasured call(s)" in text
+    assert "Each turn begins with 2 unmeasured call(s)" in text
+    assert "after 2 warm-up request(s)" in results["engine_per_request"]["wheel"]["method"]
     blocking = timed[timed["contender"] == "blocking"]
     assert sorted(blocking["request"]) == list(range(40))
-    # the mean predictions per place in a turn, from the same calls
+    # the mean predictions per place in a turn (5 places a column), warm-up
+    # calls first, from the same calls
     places = text[text.index("**Predictions per call by its place in the turn**"):]
     places = places.split("\n\n")[1].splitlines()
-    assert places[1].split() == ["contender"] + [str(place) for place in range(1, block + 1)]
+    assert places[1].split() == ["contender", "w1-2", "1-5"]
     row = next(line.split() for line in places[3:] if line.startswith("blocking "))
-    first = blocking[blocking["request"] % block == 0]["predictions"].mean()
-    assert row[1] == f"{first:,.0f}"
+    assert row[1:] == [f"{warm_up['predictions'].mean():,.0f}",
+                       f"{blocking['predictions'].mean():,.0f}"]
+    engine_row = next(line.split() for line in places[3:] if line.startswith("engine alone"))
+    assert engine_row[3] == "-"  # the engine alone has no warm-up calls of its own
     assert list(blocking["predictions"]) == results["timeout"]["contenders"]["blocking"]["lines"]
     assert (blocking["over_deadline_s"] - (blocking["wall_s"] - 0.010)).abs().max() < 1e-12
     assert set(calls[calls["phase"] == "train"]["contender"]) == {"write-only train (wheel)"}
@@ -125,6 +133,40 @@ def test_drivers_benchmark_measures_both_drivers():
         assert f"VowpalWabbitNonBlockingProcess ({driver}): predictions mean" in output
         assert f"{driver}: " in output.split("2 worker processes")[1]
     assert "predictions/s" in output
+
+
+def test_idle_ramp_prints_each_place_with_the_engine_threads_statistics():
+    output = run_module("benchmarks.idle_ramp", "--turns", "2", "--calls", "3", "--items", "300",
+                        "--idle", "0.01")
+    places = output.splitlines()[2:]
+    assert [line.split()[0] for line in places] == ["1", "2", "3"], output
+    assert all(int(line.split()[1].replace(",", "")) == 300 for line in places), output
+    if os.path.exists("/proc/self/sched"):  # a kernel that shows the scheduler's statistics
+        threads = int(output.split("engine threads: ")[1].split()[0])
+        for line in places:
+            util = line.split("util ")[1].split()[0].split("/")
+            assert len(util) == threads and all(0 <= int(value) <= 1024 for value in util)
+            assert "preempted " in line and "migrated " in line
+
+
+def test_thread_stats_reads_every_thread_of_a_process():
+    from benchmarks.idle_ramp import FIELDS, thread_stats  # pylint: disable=import-outside-toplevel
+    if not os.path.exists("/proc/self/sched"):
+        assert thread_stats(os.getpid()) is None
+        return
+    alone = thread_stats(os.getpid())
+    ready, stop = threading.Event(), threading.Event()
+    worker = threading.Thread(target=lambda: (ready.set(), stop.wait()))
+    worker.start()
+    try:
+        ready.wait()
+        stats = thread_stats(os.getpid())
+        assert alone is not None and stats is not None and len(stats) == len(alone) + 1
+        assert all(set(FIELDS.values()) <= set(thread) for thread in stats)
+    finally:
+        stop.set()
+        worker.join()
+    assert thread_stats(2 ** 22 + 1) is None  # no such process
 
 
 def test_blocking_pacing_benchmark_compares_pacings_in_one_process():
