@@ -11,15 +11,18 @@ the engine's threads (``/proc/PID/task/TID/sched``, where the kernel has them):
 
 * ``util``: each thread's utilisation when the call ended (the kernel's load
   tracking, 0 to 1024). It decays while the process waits and takes about
-  100 ms of work to build up again; a scheduler that places and sizes
-  threads by it (packing them onto fewer CPUs, or choosing a CPU's
-  frequency) treats the engine as idle in the meantime;
+  100 ms of work to build up again; schedulers that place threads or choose
+  a CPU's speed by it treat the engine as nearly idle in the meantime;
 * ``preempted``: how often each thread was switched out while it could
   still run, during the call;
 * ``migrated``: how often each thread moved to another CPU, during the call.
 
-The main benchmark begins every contender's turn with unmeasured calls
-(``--warm-up-calls``) for this reason.
+The first calls of a turn return fewer predictions while the utilisation is
+low and the engine's threads are preempted more often; that shows the two go
+together, not which causes the slowness (a host's caches and its own
+scheduling of the virtual CPUs may take part). The main benchmark begins
+every contender's turn with unmeasured calls (``--warm-up-calls``) for this
+reason.
 """
 
 import argparse
