@@ -75,6 +75,12 @@ def default_out_dir() -> str:
                         "subwabbit-benchmark-" + time.strftime("%Y%m%d-%H%M%S"))
 
 
+def requests_before(first: int, count: int, total: int) -> List[int]:
+    """The ``count`` requests before request ``first`` of ``total`` (wrapping
+    around), the nearest first: those that begin a turn unmeasured."""
+    return [(first - 1 - call) % total for call in range(count)]
+
+
 def parse_options(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -384,7 +390,8 @@ class Benchmark:
             record["method"] = (
                 "per block of requests, one engine reads the block's sampled requests from a "
                 f"file (after {max(1, options.warm_up_calls)} warm-up request(s), the "
-                "requests before the block) and writes its predictions to a pipe, read every "
+                "requests before the block's first sampled one) and writes its predictions "
+                "to a pipe, read every "
                 "2 ms and stamped evenly in between; a request's time runs from the last "
                 "prediction of the request before it to its own last; lines within the timeout "
                 "= min(n, n * timeout / time)")
@@ -436,12 +443,12 @@ class Benchmark:
                                "predictions": count, "wall_s": wall, "timeout_s": timeout})
 
     def _warm_up_turn(self, contender: Contender, first: int, turn: int) -> None:
-        """The unmeasured calls that begin a contender's turn: the request
-        before the block, as for the engine alone. They are rows of phase
-        ``warm-up`` in the calls, out of every table but their own line."""
+        """The unmeasured calls that begin a contender's turn: the requests
+        before the block, the nearest first, as many as the engine alone reads
+        before its own. They are rows of phase ``warm-up`` in the calls, out of
+        every table but the one by place in the turn."""
         engine = "" if contender.engine_pid is None else self.default.name
-        for call in range(self.options.warm_up_calls):
-            index = (first - 1 - call) % len(self.workload)
+        for index in requests_before(first, self.options.warm_up_calls, len(self.workload)):
             [(request, items)] = self.workload.pairs([index])
             called = time.perf_counter()
             count = len(contender.predict(request, items, self.options.timeout))
@@ -460,13 +467,16 @@ class Benchmark:
         # The requests before the block lead the engine in, as many as a
         # contender's warm-up calls (at least one), and are not measured.
         lead = max(1, self.options.warm_up_calls)
-        warm = [(sampled[0] - call) % len(workload) for call in range(lead, 0, -1)]
+        warm = requests_before(sampled[0], lead, len(workload))[::-1]  # in the file's order
         requests_lines = [self.formatter.lines(request, items)
                           for request, items in workload.pairs(warm + sampled)]
         busy, cpu, children = machine_busy_seconds(), time.process_time(), children_cpu_seconds()
         began = time.perf_counter()
         durations = per_request_rates(engine.command, prediction_args(self.model_path),
                                       requests_lines, self.workdir, warm_up=lead)
+        if len(durations) != len(sampled):
+            raise RuntimeError(f"the engine alone timed {len(durations)} requests of "
+                               f"{len(sampled)}")
         record["elapsed_s"] += time.perf_counter() - began
         ours = time.process_time() - cpu + children_cpu_seconds() - children
         record["other_cpu_s"] += machine_busy_seconds() - busy - ours

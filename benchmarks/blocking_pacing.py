@@ -16,9 +16,9 @@ Two ways to take turns:
   processes cannot show on a shared virtual machine, show here.
 * With ``--turn N`` each pacing has a process of its own, and the processes
   take turns of N calls, each turn after ``--idle`` seconds of idleness and
-  one unmeasured call, as in the main benchmark's timeout pass: the engine
-  and the client start each turn cold, which is where the tail of the
-  lateness comes from.
+  one unmeasured call (as the main benchmark's timeout pass did until
+  2026-11-24; it now begins a turn with 15): the engine and the client start
+  each turn cold, which is where the tail of the lateness comes from.
 
 Prints, per pacing, the mean predictions per call, the wall time under the
 timeout and how many calls ended more than 0.5 and 1 ms late.

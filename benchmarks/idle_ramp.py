@@ -44,10 +44,10 @@ FIELDS = {"util": "se.avg.util_avg", "preempted": "nr_involuntary_switches",
           "migrated": "se.nr_migrations"}
 
 
-def thread_stats(pid: int) -> Optional[List[Dict[str, float]]]:
-    """The scheduler's statistics of each of ``pid``'s threads (``None``
-    where the kernel does not show them)."""
-    stats = []
+def thread_stats(pid: int) -> Optional[Dict[int, Dict[str, float]]]:
+    """The scheduler's statistics of each of ``pid``'s threads, by thread id
+    (``None`` where the kernel does not show them)."""
+    stats: Dict[int, Dict[str, float]] = {}
     try:
         for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
             values: Dict[str, float] = {}
@@ -60,10 +60,11 @@ def thread_stats(pid: int) -> Optional[List[Dict[str, float]]]:
                             values[key.strip()] = float(fields[0])
                         except ValueError:
                             pass
-            stats.append(values)
+            stats[int(tid)] = values
     except OSError:
         return None
-    if not stats or any(name not in stats[0] for name in FIELDS.values()):
+    if not stats or any(name not in values for values in stats.values()
+                        for name in FIELDS.values()):
         return None
     return stats
 
@@ -71,8 +72,10 @@ def thread_stats(pid: int) -> Optional[List[Dict[str, float]]]:
 def measure(process: object, pid: int, workload: Workload, turns: int, calls: int, idle: float,
             timeout: float) -> List[List[Dict[str, object]]]:
     """Per place in the turn, one record per turn: ``predictions``, and per
-    engine thread ``util`` (at the call's end), ``preempted`` and ``migrated``
-    (during the call), or ``None`` without the kernel's statistics."""
+    engine thread (in the order of their ids) ``util`` (at the call's end),
+    ``preempted`` and ``migrated`` (during the call); without the kernel's
+    statistics, or if the engine's threads changed during the call, only
+    ``predictions``."""
     places: List[List[Dict[str, object]]] = [[] for _ in range(calls)]
     gc.disable()
     try:
@@ -86,11 +89,12 @@ def measure(process: object, pid: int, workload: Workload, turns: int, calls: in
                 count = len(list(got))
                 after = thread_stats(pid)
                 record: Dict[str, object] = {"predictions": count}
-                if before and after and len(before) == len(after):
-                    record["util"] = [end[FIELDS["util"]] for end in after]
+                if before and after and sorted(before) == sorted(after):
+                    tids = sorted(after)
+                    record["util"] = [after[tid][FIELDS["util"]] for tid in tids]
                     for name in ("preempted", "migrated"):
-                        record[name] = [end[FIELDS[name]] - begin[FIELDS[name]]
-                                        for begin, end in zip(before, after)]
+                        record[name] = [after[tid][FIELDS[name]] - before[tid][FIELDS[name]]
+                                        for tid in tids]
                 places[place].append(record)
     finally:
         gc.enable()
@@ -134,14 +138,14 @@ def main() -> None:
         model = os.path.join(directory, "model.vw")
         train_model(workload, model)
         with start(cls, RecommenderFormatter(), prediction_args(model), options.driver) as process:
-            threads = len(os.listdir(f"/proc/{process.pid}/task"))
+            stats = thread_stats(process.pid)
             places = measure(process, process.pid, workload, options.turns, options.calls,
                              options.idle, options.timeout)
     print(f"{cls.__name__}, {options.turns} turns of {options.calls} calls x {options.items} "
           f"items after {options.idle * 1000:g} ms idle, timeout {options.timeout * 1000:g} ms; "
-          f"engine threads: {threads} (per-thread figures in their order of creation)")
-    if "util" not in places[0][0]:
-        print("(this kernel does not show /proc/PID/task/TID/sched: predictions only)")
+          + (f"engine threads: {len(stats)} (per-thread figures in the order of their ids)"
+             if stats else "(no scheduler statistics from /proc/PID/task/TID/sched here: "
+             "predictions only)"))
     print("place predictions")
     for line in summary(places):
         print(line)

@@ -249,10 +249,11 @@ def warm_up_paragraph(results: Dict[str, Any]) -> str:
     means = ", ".join(f"{name} {_num(mean)}" for name, mean in warm_up["mean_predictions"].items())
     return (f"The contenders take turns of {block} requests. Each turn begins with "
             f"{warm_up['calls_per_turn']} unmeasured call(s) on the requests before the "
-            "block, as the engine alone's begins with as many requests: a process that waited "
-            "while the others ran is slow at first, whichever it is, pyvw in this process "
-            "included (``python -m benchmarks.idle_ramp`` shows why). Those calls are the rows "
-            "of phase ``warm-up`` in the calls file, left out of every table but the one by "
+            "block, as the engine alone's begins with as many requests: a contender that "
+            "waited while the others ran can be slow for its first calls (the table by place "
+            "in the turn shows how much; ``python -m benchmarks.idle_ramp`` what goes with "
+            "it). Those calls are the rows of phase ``warm-up`` in the calls file, left out "
+            "of every table but the one by "
             f"place in the turn; their mean predictions per call: {means}.")
 
 
@@ -267,8 +268,8 @@ def turn_position_table(calls: Any, block: int) -> List[str]:
     rows = [[str(name)] + [_num(None if value != value else value)  # NaN: none at that place
                            for value in table.loc[name]] for name in table.index]
     return ["**Predictions per call by its place in the turn** (mean over the turns and "
-            "over 5 places at a time; w1-5 are a turn's first 5 warm-up calls, unmeasured, "
-            "1-5 its first 5 measured calls): how much slower the first calls of a turn are "
+            "over up to 5 places at a time; wN-M: a turn's warm-up calls N to M, unmeasured; "
+            "N-M: its measured calls N to M): how much slower the first calls of a turn are "
             "than the rest, which the tables above measure",
             simple_table(["contender"] + [str(place) for place in table.columns], rows)]
 

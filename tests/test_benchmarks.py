@@ -136,17 +136,23 @@ def test_drivers_benchmark_measures_both_drivers():
 
 
 def test_idle_ramp_prints_each_place_with_the_engine_threads_statistics():
+    # a 1 s timeout: every call returns its 300 items, however cold the engine
     output = run_module("benchmarks.idle_ramp", "--turns", "2", "--calls", "3", "--items", "300",
-                        "--idle", "0.01")
-    places = output.splitlines()[2:]
+                        "--idle", "0.01", "--timeout", "1")
+    lines = output.splitlines()
+    places = lines[lines.index("place predictions") + 1:]
     assert [line.split()[0] for line in places] == ["1", "2", "3"], output
-    assert all(int(line.split()[1].replace(",", "")) == 300 for line in places), output
+    assert all(line.split()[1] == "300" for line in places), output
     if os.path.exists("/proc/self/sched"):  # a kernel that shows the scheduler's statistics
         threads = int(output.split("engine threads: ")[1].split()[0])
         for line in places:
             util = line.split("util ")[1].split()[0].split("/")
             assert len(util) == threads and all(0 <= int(value) <= 1024 for value in util)
-            assert "preempted " in line and "migrated " in line
+            for name in ("preempted", "migrated"):
+                counts = line.split(name + " ")[1].split()[0].split("/")
+                assert len(counts) == threads and all(float(count) >= 0 for count in counts)
+    else:
+        assert "predictions only" in output
 
 
 def test_thread_stats_reads_every_thread_of_a_process():
@@ -154,19 +160,66 @@ def test_thread_stats_reads_every_thread_of_a_process():
     if not os.path.exists("/proc/self/sched"):
         assert thread_stats(os.getpid()) is None
         return
-    alone = thread_stats(os.getpid())
     ready, stop = threading.Event(), threading.Event()
     worker = threading.Thread(target=lambda: (ready.set(), stop.wait()))
     worker.start()
     try:
         ready.wait()
         stats = thread_stats(os.getpid())
-        assert alone is not None and stats is not None and len(stats) == len(alone) + 1
-        assert all(set(FIELDS.values()) <= set(thread) for thread in stats)
+        assert stats is not None
+        assert worker.native_id in stats and threading.main_thread().native_id in stats
+        assert all(set(FIELDS.values()) <= set(thread) for thread in stats.values())
     finally:
         stop.set()
         worker.join()
+    assert worker.native_id not in (thread_stats(os.getpid()) or {})
     assert thread_stats(2 ** 22 + 1) is None  # no such process
+
+
+def test_engine_alone_per_request_leaves_out_its_lead_in_requests(tmp_path):
+    from benchmarks.limit import engine_command, per_request_rates  # pylint: disable=import-outside-toplevel
+    requests = [[f"|a r{index} i{item}" for item in range(50 * (index + 1))] for index in range(5)]
+    for lead in (1, 3):
+        durations = per_request_rates(engine_command(), ["--quiet"], requests, str(tmp_path),
+                                      warm_up=lead)
+        assert len(durations) == len(requests) - lead
+        assert all(seconds >= 0 for seconds in durations)
+    with pytest.raises(ValueError, match="warm_up"):
+        per_request_rates(engine_command(), ["--quiet"], requests, str(tmp_path), warm_up=0)
+
+
+def test_requests_before_a_block_wrap_around_and_never_include_the_block():
+    from benchmarks.__main__ import requests_before  # pylint: disable=import-outside-toplevel
+    assert requests_before(20, 3, 40) == [19, 18, 17]
+    assert requests_before(0, 3, 40) == [39, 38, 37]
+    assert requests_before(5, 0, 40) == []
+
+
+def test_places_in_the_turn_group_warm_up_and_measured_calls_in_order():
+    pandas = pytest.importorskip("pandas")
+    from benchmarks.calls import by_turn_position  # pylint: disable=import-outside-toplevel
+    block, warm_calls, rows = 12, 7, []
+    for turn in range(2):
+        first = turn * block
+        for call in range(warm_calls):  # a warm-up call's predictions: 100 + its place
+            rows.append({"phase": "warm-up", "contender": "c", "round": turn,
+                         "request": (first - 1 - call) % 24, "predictions": 100 + call})
+        for place in range(block):  # a measured call's: 1,000 + its place (+ 1,000 in turn 1)
+            rows.append({"phase": "timeout", "contender": "c", "round": turn,
+                         "request": first + place, "predictions": 1000 + place + 1000 * turn})
+        rows.append({"phase": "timeout", "contender": "engine alone (x)", "round": turn,
+                     "request": first, "predictions": 5000})
+    table = by_turn_position(pandas.DataFrame(rows), block)
+    assert list(table.columns) == ["w1-5", "w6-7", "1-5", "6-10", "11-12"]
+    assert list(table.index) == ["c", "engine alone (x)"]
+    assert list(table.loc["c"]) == [102, 105.5, 1502, 1507, 1510.5]
+    assert table.loc["engine alone (x)"].isna().tolist() == [True, True, False, True, True]
+    assert table.loc["engine alone (x)", "1-5"] == 5000
+    # without warm-up calls, a place a column with group=1
+    measured = pandas.DataFrame([row for row in rows if row["phase"] == "timeout"])
+    table = by_turn_position(measured, block, group=1)
+    assert list(table.columns) == [str(place) for place in range(1, block + 1)]
+    assert table.loc["c", "12"] == 1511
 
 
 def test_blocking_pacing_benchmark_compares_pacings_in_one_process():
