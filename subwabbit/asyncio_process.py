@@ -210,6 +210,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             logger.exception("closing the vw engine failed while another exception propagated")
 
     def _adopt(self, engine: EngineProcess) -> None:
+        self._abandon_channel("the process moved to another engine")
         self._engine = engine
         self._channel = self._new_channel()
         self._owner_pid = engine.owner_pid
@@ -266,13 +267,20 @@ class AsyncVowpalWabbitProcess(ClientBase):
         engine = self._engine
         if engine is None or engine.closed:
             return
-        if self._turn.busy and engine.returncode is None:
-            # A call in another task is under way: let it meet a dead engine.
-            if not await self._turn.acquire(began + timeout / 2):
-                logger.warning("close(): another task's call still holds %r; killing the engine",
-                               self)
-                engine.kill()
-        await self._shut_down(engine, max(0.0, began + timeout - _clock()))
+        held = False
+        try:
+            if self._turn.busy and engine.returncode is None:
+                # A call in another task is under way: let it meet a dead engine.
+                held = await self._turn.acquire(began + timeout / 2)
+                if not held:
+                    logger.warning("close(): another task's call still holds %r; killing the "
+                                   "engine", self)
+                    engine.kill()
+            self._abandon_channel("the process was closed")
+            await self._shut_down(engine, max(0.0, began + timeout - _clock()))
+        finally:
+            if held:  # calls that were waiting for it now find the object closed
+                self._turn.release()
 
     async def _cancel_start(self) -> None:
         """Cancel an engine start under way, and abort what it started."""
@@ -325,6 +333,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._turn = _FifoTurn()
         if self._engine is not None:
             self._engine.abandon_in_fork()
+        self._abandon_channel("the process was forked; its engine belongs to the parent")
         self._engine = self._channel = None
         self._starting = None
         self._broken = None
@@ -389,6 +398,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
     def _begin_replacement(self, reason: str) -> None:
         if self._starting is not None:
             return
+        self._abandon_channel(f"the process's engine is being replaced ({reason})")
         old, self._engine, self._channel = self._engine, None, None
         if old is not None and not old.closed:
             old.kill()
@@ -406,7 +416,10 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
         :returns: ``False`` when the deadline passed first (the turn is not held)
         :raises VowpalWabbitBusyError: without a deadline, after ``io_timeout_s``
+        :raises VowpalWabbitError: when the object is closed
         """
+        if self._closed:  # at once, not after the call in progress
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = _clock()
         contended = self._turn.busy
         limit = deadline
@@ -698,6 +711,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                         argv=self.argv)
         try:
             await self._cancel_start()
+            self._abandon_channel("the process's engine was restarted")
             old, self._engine, self._channel = self._engine, None, None
             if old is not None and not old.closed:
                 # A failed engine has nothing worth waiting for (as the sync classes).

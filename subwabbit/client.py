@@ -348,6 +348,15 @@ class ClientBase:
         """Let go of the parent's engine (see :func:`_track_for_fork`)."""
         raise NotImplementedError()
 
+    def _abandon_channel(self, reason: str) -> None:
+        """End the call in progress on the current channel, if any, before the
+        channel is let go (its engine replaced, closed or left to the parent
+        of a fork): resumed, the call raises ``reason`` rather than read from
+        whatever engine comes next."""
+        channel = getattr(self, "_channel", None)
+        if channel is not None:
+            channel.abandon(reason)
+
     def _release(self) -> None:
         """Let go of an engine that was never closed (``__del__``, interpreter
         exit) without blocking, except to let a ``-f`` model be written."""

@@ -234,7 +234,11 @@ class EngineProcess:
         :param deadline: how long an error report may wait for the exit status
         :returns: the number of bytes written (0 when the pipe is full)
         :raises VowpalWabbitEngineExitedError: when the engine closed its stdin
+        :raises VowpalWabbitError: when this engine was closed or let go: its
+            descriptors' numbers may belong to another engine or file by now
         """
+        if self._closed:
+            raise self._closed_error()
         try:
             return os.write(self.stdin_fd, data)
         except BlockingIOError:
@@ -249,7 +253,10 @@ class EngineProcess:
         :param deadline: how long an error report may wait for the exit status
         :returns: the bytes (empty when nothing is there yet)
         :raises VowpalWabbitEngineExitedError: at EOF
+        :raises VowpalWabbitError: when this engine was closed or let go
         """
+        if self._closed:
+            raise self._closed_error()
         try:
             chunk = os.read(self.stdout_fd, _READ_CHUNK)
         except BlockingIOError:
@@ -257,6 +264,11 @@ class EngineProcess:
         if not chunk:
             raise self.exited_error("the vw engine closed its output", deadline=deadline)
         return chunk
+
+    def _closed_error(self) -> VowpalWabbitError:
+        return VowpalWabbitError(
+            f"vw[{self.pid}] was closed or let go (restart, reload, close or fork): nothing "
+            "more is read from it or written to it", argv=list(self.argv))
 
     def wait(self, read: bool, write: bool, until: Optional[float]) -> bool:
         """Sleep until stdout is readable (``read``), stdin writable

@@ -172,6 +172,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return engine
 
     def _adopt(self, engine: EngineProcess) -> None:
+        self._abandon_channel("the process moved to another engine")
         self._engine = engine
         self._channel = self._new_channel()
         self._owner_pid = engine.owner_pid
@@ -442,6 +443,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 old.close(timeout)
             except VowpalWabbitError as exc:
                 logger.warning("the replaced vw engine failed: %s", exc)
+        self._abandon_channel(f"the process's engine was restarted ({reason})")
         self._engine = self._channel = None
         try:
             self._adopt(self._start_engine())
@@ -492,6 +494,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if self._in_forked_child():
                 old = None  # the parent's: never touched here
             self._reloaded(vw_args, argv)
+            self._abandon_channel("the process switched to a new engine (reload)")
             self._adopt(engine)
             failed, self._broken = self._broken, None
         finally:
@@ -749,6 +752,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             held = self._wait_for_turn(token, began + timeout * 0.75)
         try:
             self._closed = True
+            self._abandon_channel("the process was closed")
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
@@ -784,6 +788,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._engine.abandon_in_fork()
         if self._replacement is not None:
             self._replacement.abandon_in_fork()
+        self._abandon_channel("the process was forked; its engine belongs to the parent")
         self._engine = self._channel = self._replacement = None
         self._broken = None
 

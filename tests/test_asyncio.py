@@ -343,3 +343,26 @@ def test_metrics_detailed_metrics_and_the_hook(trained_model):
     assert sum(value for _, value in detailed["receiving_bytes"]) > 500
     assert detailed["generating_lines_time"] and detailed["pending_lines"]
     assert hooked[-1]["method"] == "predict" and hooked[-1]["num_lines"] == 500
+
+
+@pytest.mark.parametrize("io_timeout_s", [None, 3.0])
+def test_close_during_another_tasks_call_leaves_later_calls_no_turn_to_wait_for(io_timeout_s):
+    async def main():
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"],
+                                         io_timeout_s=io_timeout_s)
+        await model.start()
+        long_call = asyncio.ensure_future(
+            model.predict("|c k", [f"|i f{n % 50}" for n in range(200_000)]))
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(model.close())  # waits for the turn, then closes
+        await asyncio.sleep(0.01)
+        queued = asyncio.ensure_future(model.predict("|c k", ["|i f1"]))  # behind close()
+        await closing
+        await long_call
+        began = time.perf_counter()
+        for call in (queued, model.predict("|c k", ["|i f1"])):
+            with pytest.raises(VowpalWabbitError, match="is closed"):
+                await asyncio.wait_for(call, timeout=5)
+        return time.perf_counter() - began
+
+    assert run(main()) < 1.0  # at once, not after io_timeout_s (or never)

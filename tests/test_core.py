@@ -149,6 +149,21 @@ def test_superseded_call_raises_instead_of_reading_the_next_calls_answers():
         first.queue_lines(["|x 1"])
 
 
+def test_an_abandoned_channels_call_raises_its_reason_and_owes_nothing():
+    channel = Channel()
+    call = channel.begin()
+    call.queue_lines(["|x 1", "|x 2"])
+    channel.write_with(lambda view: len(view))
+    channel.abandon("the engine was replaced")
+    assert channel.current is None and not call.active and call.owed_lines == 0
+    assert channel.stale_lines == 2
+    with pytest.raises(VowpalWabbitError, match="cannot go on: the engine was replaced"):
+        call.check_active()
+    channel.abandon("again")  # nothing active: nothing to do
+    with pytest.raises(VowpalWabbitError, match="the engine was replaced"):
+        call.check_active()
+
+
 def test_an_unexpected_line_is_a_protocol_error():
     channel = Channel()
     with pytest.raises(VowpalWabbitProtocolError, match="no answer was expected"):

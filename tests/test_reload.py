@@ -12,7 +12,7 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import DictFormatter, common, items, proc_stat, scoring_args
+from conftest import DictFormatter, common, in_child, items, proc_stat, scoring_args
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
 
@@ -122,3 +122,71 @@ def test_asyncio_reload_with_tasks_calling_meanwhile(trained_model, second_model
 
     old_pid = asyncio.run(main())
     assert _gone(old_pid)
+
+
+@pytest.mark.parametrize("how", ["restart", "reload", "close"])
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_an_unfinished_iterator_raises_after_its_engine_is_let_go(kind, how, trained_model,
+                                                                  second_model, truth):
+    # The new engine gets the old one's descriptor numbers (restart), or a file
+    # opened after close() does: an iterator begun before must never read them.
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=10)
+    try:
+        unfinished = model.predict(common(1), items(3000))
+        first = next(unfinished)
+        assert first == pytest.approx(truth[trained_model][1][0], abs=1e-6)
+        opened = None
+        if how == "restart":
+            model.restart()
+        elif how == "reload":
+            model.reload(scoring_args(second_model))
+        else:
+            model.close()
+            opened = open(trained_model, "rb")  # may take the freed descriptors
+        got = [first]
+        try:  # what had arrived before is its own; then it raises
+            with pytest.raises(VowpalWabbitError, match="this call cannot go on: the process"):
+                for value in unfinished:
+                    got.append(value)
+        finally:
+            if opened is not None:
+                opened.close()
+        assert len(got) < 3000
+        assert got == pytest.approx(truth[trained_model][1][:len(got)], abs=1e-6)
+        if how != "close":  # the next call is exact, on the engine it should be on
+            now = trained_model if how == "restart" else second_model
+            assert list(model.predict(common(2), items(3000))) == pytest.approx(
+                truth[now][2], abs=1e-6)
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_an_iterator_begun_before_a_fork_raises_in_the_child(kind, trained_model, truth):
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=10)
+    try:
+        unfinished = model.predict(common(1), items(3000))
+        first = next(unfinished)
+
+        def child():
+            got = [first]
+            try:
+                for value in unfinished:
+                    got.append(value)
+            except VowpalWabbitError as exc:
+                resumed = str(exc).splitlines()[0]
+            else:
+                resumed = "no error"
+            return [resumed, got, list(model.predict(common(2), items(3000)))]
+
+        result = in_child(child)
+        assert "error" not in result, result
+        resumed, got, served = result["ok"]
+        assert resumed.startswith("this call cannot go on: the process was forked"), resumed
+        assert len(got) < 3000
+        assert got == pytest.approx(truth[trained_model][1][:len(got)], abs=1e-6)
+        assert served == pytest.approx(truth[trained_model][2], abs=1e-6)
+        # the parent's own iterator goes on, on the parent's engine
+        assert [first] + list(unfinished) == pytest.approx(truth[trained_model][1], abs=1e-6)
+    finally:
+        model.close()

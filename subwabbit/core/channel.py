@@ -86,12 +86,14 @@ class Call:
     """
 
     __slots__ = ("channel", "active", "keep", "answers", "probe_answers", "queued_lines",
-                 "owed_lines", "superseded")
+                 "owed_lines", "superseded", "ended_because")
 
     def __init__(self, channel: "Channel", keep: bool) -> None:
         self.channel = channel
         self.active = True
         self.superseded = False
+        #: why the call was ended from outside (see :meth:`Channel.abandon`)
+        self.ended_because: Optional[str] = None
         #: whether the answers to its examples are kept (``False`` for training)
         self.keep = keep
         #: raw output lines owed to this call, in order, not yet taken
@@ -109,6 +111,10 @@ class Call:
         :raises VowpalWabbitError: when a later call superseded it, or it ended
         """
         if not self.active:
+            if self.ended_because is not None:
+                raise VowpalWabbitError(
+                    f"this call cannot go on: {self.ended_because}; its remaining "
+                    "predictions were discarded")
             if self.superseded:
                 raise VowpalWabbitError(
                     "this predict() iterator was superseded by a later call on the same "
@@ -232,6 +238,14 @@ class Channel:
         call = Call(self, keep)
         self._current = call
         return call
+
+    def abandon(self, reason: str) -> None:
+        """End the active call, if any, because the channel itself is let go
+        (its engine replaced or closed): the call raises ``reason`` if its
+        caller goes on with it."""
+        if self._current is not None:
+            self._current.ended_because = reason
+            self.end(self._current)
 
     def end(self, call: Call) -> None:
         """End ``call``: forget its lines that never reached the engine, and
