@@ -19,7 +19,7 @@ from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
 from .core.roster import Slot
-from .deadlines import validate_seconds
+from .deadlines import required_seconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitError
@@ -104,7 +104,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         """Stop every engine within ``timeout`` without blocking the loop
         (input closed, then SIGTERM and SIGKILL). Calls in progress end at
         their next step with the predictions they have. Idempotent."""
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         began = _clock()
         slots = self._begin_close_now()
         if slots is None:

@@ -20,7 +20,7 @@ from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
-from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
+from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
@@ -258,7 +258,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             return
         self._closed = True
@@ -659,7 +659,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitStartupError: when the new engine cannot start;
             the object goes on with the old one
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         argv = self._reload_argv(vw_args)
@@ -701,7 +701,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :param timeout: seconds the old engine gets to exit
         :raises VowpalWabbitStartupError: when the new engine cannot start
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = _clock()

@@ -10,13 +10,20 @@ import warnings
 from typing import Optional
 
 
+#: The longest wait subwabbit asks of the operating system, in seconds (about
+#: eleven and a half days). A number of seconds above it, infinity included, is
+#: taken as this: no call waits so long in practice, and the system's waits
+#: (``select``, ``poll``, locks) refuse numbers far larger.
+LONGEST_WAIT_S = 1_000_000.0
+
+
 def validate_seconds(value: Optional[float], name: str, allow_none: bool = True) -> Optional[float]:
     """Check that ``value`` is a usable, non-negative number of seconds.
 
     :param value: the number to check
     :param name: the parameter's name, used in the error message
     :param allow_none: whether ``None`` (no limit) is acceptable
-    :returns: ``value`` as a float, or ``None``
+    :returns: ``value`` as a float, at most :data:`LONGEST_WAIT_S`, or ``None``
     :raises TypeError: for a bool or a non-number
     :raises ValueError: for a negative or NaN number, or ``None`` when not allowed
     """
@@ -32,7 +39,15 @@ def validate_seconds(value: Optional[float], name: str, allow_none: bool = True)
         raise ValueError(f"{name} is too large: {value!r}") from None
     if math.isnan(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
-    return value
+    return min(value, LONGEST_WAIT_S)
+
+
+def required_seconds(value: float, name: str) -> float:
+    """:func:`validate_seconds` for a parameter that must be a number (``None``
+    refused)."""
+    seconds = validate_seconds(value, name, allow_none=False)
+    assert seconds is not None
+    return seconds
 
 
 def deadline_from_timeout(timeout: Optional[float], name: str = "timeout",
@@ -65,7 +80,8 @@ def warn_if_milliseconds(timeout: Optional[float]) -> None:
     if timeout is None or _warned_about_timeout or isinstance(timeout, bool):
         return
     try:
-        large = float(timeout) > SUSPICIOUS_TIMEOUT_S
+        # infinity says "no limit" on purpose, not milliseconds
+        large = SUSPICIOUS_TIMEOUT_S < float(timeout) < math.inf
     except (TypeError, ValueError):
         return
     if large:

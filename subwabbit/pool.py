@@ -19,7 +19,7 @@ from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
 from .core.roster import Slot
 from .core.split import Lane
-from .deadlines import validate_seconds
+from .deadlines import required_seconds
 from .engine_group import EngineGroup
 from .engine_process import SELECT_FD_LIMIT, EngineProcess
 from .errors import VowpalWabbitError
@@ -279,7 +279,7 @@ class VowpalWabbitPool(PoolBase):
         predictions they have, and give their engines back before those are
         closed (a call that holds on for more than half the timeout has its
         engines closed under it, and raises). Idempotent."""
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         deadline = _clock() + timeout
         with self._cond:
             slots = self._begin_close_now()

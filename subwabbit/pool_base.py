@@ -24,7 +24,7 @@ from .command import VwArgs
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
-from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
+from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
@@ -336,7 +336,7 @@ class PoolBase(ClientBase):
 
         :returns: the new engines' command line
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         return self._reload_argv(vw_args)

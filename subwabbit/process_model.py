@@ -21,7 +21,7 @@ from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
-from .deadlines import deadline_from_timeout, validate_seconds, warn_if_milliseconds
+from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
@@ -473,7 +473,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :raises VowpalWabbitBusyError: when another thread's call holds the
             process for longer than ``io_timeout_s`` (the new engine is stopped)
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         argv = self._reload_argv(vw_args)
@@ -521,7 +521,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :raises VowpalWabbitBusyError: when another thread's call holds the
             process for longer than ``io_timeout_s``
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         began = time.perf_counter()
         token = object()
         if not self._wait_for_turn(token, self._turn_limit(began, None)):
@@ -737,7 +737,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
         """
-        validate_seconds(timeout, "timeout", allow_none=False)
+        timeout = required_seconds(timeout, "timeout")
         if self._closed:
             return
         began = time.perf_counter()

@@ -4,12 +4,14 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import pytest
 
 from subwabbit.command import (ENGINE_ENV_VAR, build_argv, default_engine_command,
                                normalize_vw_args, quiet_but_errors, resolve_engine_command)
-from subwabbit.deadlines import deadline_from_timeout, remaining, validate_seconds
+from subwabbit.deadlines import (LONGEST_WAIT_S, deadline_from_timeout, remaining,
+                                 validate_seconds)
 
 # ------------------------------------------------------------------ normalize_vw_args
 
@@ -261,7 +263,9 @@ def test_default_engine_command_runs_the_bundled_engine():
 
 
 @pytest.mark.parametrize("value, expected", [(0, 0.0), (1, 1.0), (0.25, 0.25), (10**6, 1e6),
-                                             (math.inf, math.inf)])
+                                             (LONGEST_WAIT_S * 2, LONGEST_WAIT_S),
+                                             (1e300, LONGEST_WAIT_S),
+                                             (math.inf, LONGEST_WAIT_S)])
 def test_validate_seconds_accepts(value, expected):
     result = validate_seconds(value, "timeout")
     assert result == expected
@@ -338,3 +342,14 @@ def test_resolve_engine_command_accepts_path_objects(tmp_path):
 def test_huge_timeouts_are_value_errors():
     with pytest.raises(ValueError, match="timeout"):
         validate_seconds(10 ** 400, "timeout")
+
+
+def test_an_infinite_timeout_is_no_milliseconds_mistake(monkeypatch):
+    import subwabbit.deadlines as deadlines  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(deadlines, "_warned_about_timeout", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deadlines.warn_if_milliseconds(math.inf)
+        assert caught == []
+        deadlines.warn_if_milliseconds(10)
+        assert len(caught) == 1 and "timeout=0.01 for 10 ms" in str(caught[0].message)

@@ -6,6 +6,7 @@ one) through both process classes.
 
 import gc
 import logging
+import math
 import os
 import random
 import signal
@@ -477,3 +478,45 @@ def test_hook_hears_of_a_train_call_that_failed(cls):
             model.train("|f", ["a"] * 20000, labels=[1] * 20000, weights=[None] * 20000)
         assert hooked[-1]["method"] == "train" and hooked[-1]["num_lines"] == 0
         assert hooked[-1]["total_time"] >= 0
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_infinite_and_huge_seconds_mean_no_limit_everywhere(cls, trained_model, tmp_path):
+    # Each of these reached select() or a lock's wait as a number the system
+    # refuses (OverflowError) before such values were capped.
+    formatter = DictFormatter()
+    items = _items(300)
+    expected = expected_for(formatter, trained_model, tmp_path, {"user": 2}, items)
+    path = str(tmp_path / "saved.vw")
+    for settings in ({"io_timeout_s": math.inf, "startup_timeout_s": math.inf},
+                     {"io_timeout_s": 1e300}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 1e300 "looks like milliseconds"
+            with cls(formatter, scoring_args(trained_model), **settings) as model:
+                for timeout in (math.inf, 1e300, None):
+                    assert list(model.predict({"user": 2}, items, timeout=timeout)) == \
+                        pytest.approx(expected, abs=1e-6)
+                model.save(path, timeout=math.inf)
+                assert os.path.getsize(path) > 0
+                model.restart(timeout=math.inf)
+                assert list(model.predict({"user": 2}, items, timeout=math.inf)) == \
+                    pytest.approx(expected, abs=1e-6)
+                model.close(timeout=math.inf)
+
+
+def test_a_call_with_no_limit_waits_for_another_threads_call(trained_model, tmp_path):
+    formatter = DictFormatter()
+    expected = expected_for(formatter, trained_model, tmp_path, {"user": 3}, _items(5))
+    with VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model)) as model:
+        unfinished = model.predict({"user": 3}, _items(3000))
+        next(unfinished)  # this thread holds the process
+        got = []
+        waiter = threading.Thread(
+            target=lambda: got.append(list(model.predict({"user": 3}, _items(5),
+                                                         timeout=math.inf))))
+        waiter.start()
+        time.sleep(0.2)
+        assert waiter.is_alive() and not got  # waiting for its turn, not failed
+        unfinished.close()
+        waiter.join(10)
+        assert got == [pytest.approx(expected, abs=1e-6)]
