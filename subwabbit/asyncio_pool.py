@@ -103,7 +103,10 @@ class AsyncVowpalWabbitPool(PoolBase):
     async def close(self, timeout: float = 30.0) -> None:
         """Stop every engine within ``timeout`` without blocking the loop
         (input closed, then SIGTERM and SIGKILL). Calls in progress end at
-        their next step with the predictions they have. Idempotent."""
+        their next step with the predictions they have; as in
+        :meth:`VowpalWabbitPool.close <subwabbit.pool.VowpalWabbitPool.close>`,
+        one that holds on for more than half the timeout has its engines
+        killed, and closes their pipes itself. Idempotent."""
         timeout = required_seconds(timeout, "timeout")
         began = _clock()
         slots = self._begin_close_now()
@@ -118,11 +121,16 @@ class AsyncVowpalWabbitPool(PoolBase):
         # their engines back: let them, for half the time.
         while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
             await asyncio.sleep(0.001)
+        free = self._leave_held_to_their_calls_now(slots)
+        for slot in slots:
+            if slot not in free:
+                slot.engine.kill()  # its call meets a dead engine at its next step
         loop = asyncio.get_running_loop()
-        if slots:
-            closing = [loop.run_in_executor(None, close_quietly, slot.engine, timeout)
-                       for slot in slots]
-            await asyncio.wait(closing, timeout=timeout)
+        if free:
+            left = max(0.0, began + timeout - _clock())
+            closing = [loop.run_in_executor(None, close_quietly, slot.engine, left)
+                       for slot in free]
+            await asyncio.wait(closing, timeout=max(0.001, left))
         groups = [loop.run_in_executor(None, group.close, max(0.0, began + timeout - _clock()))
                   for group in self._groups.values()]
         if groups:

@@ -277,8 +277,10 @@ class VowpalWabbitPool(PoolBase):
         """Stop every engine within ``timeout`` (input closed, then SIGTERM
         and SIGKILL). Calls in progress end at their next step with the
         predictions they have, and give their engines back before those are
-        closed (a call that holds on for more than half the timeout has its
-        engines closed under it, and raises). Idempotent."""
+        closed. A call that holds on for more than half the timeout has its
+        engines killed, and raises; it closes their pipes when it gives them
+        back, so that nothing it still reads or writes can be another's.
+        Idempotent."""
         timeout = required_seconds(timeout, "timeout")
         deadline = _clock() + timeout
         with self._cond:
@@ -291,11 +293,15 @@ class VowpalWabbitPool(PoolBase):
                 until = _clock() + timeout / 2
                 while any(slot.held for slot in slots) and _clock() < until:
                     self._cond.wait(until - _clock())
+            free = self._leave_held_to_their_calls_now(slots)
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return
-        threads = []
         for slot in slots:
+            if slot not in free:
+                slot.engine.kill()  # its call meets a dead engine at its next step
+        threads = []
+        for slot in free:
             thread = threading.Thread(target=close_quietly, args=(slot.engine, timeout),
                                       name="subwabbit-pool-close", daemon=True)
             thread.start()

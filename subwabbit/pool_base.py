@@ -289,7 +289,7 @@ class PoolBase(ClientBase):
         closing = []
         for lane in exchange.releasable_lanes():
             exchange.release_lane(lane)
-            if roster.give_back(lane.key):
+            if self._given_back_now(lane.key):
                 closing.append(lane.key)
         active = exchange.active_lanes
         if roster.over_share(active, generation):
@@ -312,13 +312,37 @@ class PoolBase(ClientBase):
         now = _clock()
         for lane in lanes:
             lane.key.note_progress(now)
-        closing = [lane.key for lane in lanes if self._roster.give_back(lane.key)]
-        if self._closed:
-            closing = []  # close() closes them
+        closing = [lane.key for lane in lanes if self._given_back_now(lane.key)]
         if counted:
             self._roster.calls -= 1
             self._roster.version += 1
         return closing
+
+    def _given_back_now(self, slot: Slot) -> bool:
+        """A call gives ``slot`` back (state lock held).
+
+        :returns: whether the call must close its engine now: a reload
+            replaced its generation, it was taken out of service while held,
+            or the pool was closed while the call held it
+        """
+        must_close = self._roster.give_back(slot)
+        if self._closed:  # close() closed the others itself
+            must_close, slot.close_on_return = slot.close_on_return, False
+        return must_close
+
+    def _leave_held_to_their_calls_now(self, slots: List[Slot]) -> List[Slot]:
+        """At close, once calls had their time to give engines back (state
+        lock held): the engines still held are closed by their calls when
+        they give them back, since a descriptor closed under a call could be
+        reused by another engine or file before the call's next read or
+        write.
+
+        :returns: the engines no call holds, for ``close()`` to close
+        """
+        for slot in slots:
+            if slot.held:
+                slot.close_on_return = True
+        return [slot for slot in slots if not slot.held]
 
     def _take_out_now(self, slot: Slot) -> bool:
         """A failed engine leaves service (counted once however many calls see it fail).

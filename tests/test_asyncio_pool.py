@@ -187,3 +187,24 @@ def test_close_lets_tasks_in_progress_end_with_their_prefix(trained_model, truth
         assert 0 < len(got) < 120000 and got == (truth[trained_model][2] * 40)[:len(got)]
 
     run(main())
+
+
+def test_close_with_a_call_on_a_stopped_engine_returns_within_its_timeout(trained_model):
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1)
+        await pool.start()
+        pid = pool.engine_pids()[0]
+        call = asyncio.ensure_future(pool.predict(common(1), items(3000) * 200))
+        await asyncio.sleep(0.2)
+        os.kill(pid, signal.SIGSTOP)  # the call holds an engine that answers no more
+        await asyncio.sleep(0.1)
+        began = time.perf_counter()
+        await pool.close(timeout=2.0)
+        took = time.perf_counter() - began
+        await asyncio.wait({call}, timeout=5)
+        assert call.done()
+        if not call.cancelled() and call.exception() is not None:
+            assert isinstance(call.exception(), VowpalWabbitError)
+        return took
+
+    assert run(main()) < 2.0 + 0.5  # it took up to 1.5 times the timeout

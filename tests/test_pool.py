@@ -5,6 +5,7 @@ Every prediction is compared with what the engine prints for the same lines
 read from a file, for the model that served the call.
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from subwabbit import (VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError)
+from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 
 from conftest import DictFormatter, common, items, proc_stat, scoring_args
@@ -417,3 +418,76 @@ def test_an_idle_engine_with_leftovers_is_not_taken_for_stuck(trained_model, tru
         for _ in range(5):
             assert pool.predict(common(3), items(60)) == truth[trained_model][3][:60]
         assert pool.stats()["engine_failures"] == 0
+
+
+class _HeldFormatter(DictFormatter):
+    """Stops before its 101st item until ``resume`` is set: the call holds its
+    engine meanwhile."""
+
+    def __init__(self):
+        super().__init__()
+        self.reached, self.resume = threading.Event(), threading.Event()
+        self.formatted = 0
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        self.formatted += 1
+        if self.formatted == 101:
+            self.reached.set()
+            self.resume.wait(30)
+        return super().format_item_features(common_features, item_features, debug_info)
+
+
+def test_close_never_closes_pipes_a_call_still_uses(trained_model, truth):
+    # close(0.2) cannot wait for a call stuck in its formatter. Were the
+    # engine's descriptors closed under it, their numbers would go to the next
+    # pipe opened (another engine's, in a service): here a pipe of answers that
+    # are nobody's. The call must neither read them nor write into it.
+    formatter = _HeldFormatter()
+    pool = VowpalWabbitPool(formatter, scoring_args(trained_model), size=1)
+    engine = pool._roster.slots[0].engine
+    outcome = {}
+
+    def call():
+        try:
+            outcome["got"] = pool.predict(common(1), items(400))
+        except VowpalWabbitError as exc:
+            outcome["raised"] = exc
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["wrong error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert formatter.reached.wait(10)
+    began = time.perf_counter()
+    pool.close(timeout=0.2)
+    assert time.perf_counter() - began < 0.2 + 0.5
+    marker = b"0.5\n" * 1000
+    read_end, write_end = (fcntl.fcntl(end, fcntl.F_DUPFD, 100) for end in os.pipe())
+    planted = []
+    try:
+        os.set_blocking(read_end, False)
+        os.write(write_end, marker)
+        for number, end in ((engine.stdout_fd, read_end), (engine.stdin_fd, write_end)):
+            try:
+                os.fstat(number)  # still open: the call's, left alone
+            except OSError:
+                os.dup2(end, number)
+                planted.append(number)
+        formatter.resume.set()
+        thread.join(30)
+        left = b""
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            left += chunk
+    finally:
+        formatter.resume.set()
+        for number in planted + [read_end, write_end]:
+            os.close(number)
+    assert not thread.is_alive()
+    assert left == marker  # nothing read from it, nothing written into it
+    assert "wrong error" not in outcome, outcome
+    if "got" in outcome:
+        assert outcome["got"] == truth[trained_model][1][:len(outcome["got"])]

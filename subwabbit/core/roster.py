@@ -27,7 +27,7 @@ class Slot:
     """
 
     __slots__ = ("engine", "channel", "generation", "held", "number", "quiet_since",
-                 "quiet_mark")
+                 "quiet_mark", "close_on_return")
 
     def __init__(self, engine: Any, channel: Channel, generation: int, number: int) -> None:
         self.engine = engine
@@ -40,6 +40,9 @@ class Slot:
         #: since when it owes answers and printed nothing (``None``: it does not)
         self.quiet_since: Optional[float] = None
         self.quiet_mark = -1
+        #: the pool was closed while a call held it: that call closes it when
+        #: it gives it back (its pipes are the call's until then)
+        self.close_on_return = False
 
     def note_progress(self, now: float) -> None:
         """Called when a call gives the engine back: start or stop the clock
