@@ -69,6 +69,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
+        self._start_lock: Optional[asyncio.Lock] = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -79,14 +80,17 @@ class AsyncVowpalWabbitPool(PoolBase):
         """
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        if not self._started:
-            group, engines = await self._spawn(self.argv, self.size)
-            generation = self._roster.generation
-            if not self._put_in_service(engines, generation):
-                group.close()
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            self._groups[generation] = group
-            self._started = True
+        if self._start_lock is None:  # made here, on the loop that runs the pool
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:  # two tasks starting the pool start it once
+            if not self._started:
+                group, engines = await self._spawn(self.argv, self.size)
+                generation = self._roster.generation
+                if not self._put_in_service(engines, generation):
+                    group.close()
+                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                self._groups[generation] = group
+                self._started = True
         return self
 
     async def __aenter__(self) -> "AsyncVowpalWabbitPool":
@@ -281,6 +285,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._after_fork_in_child_base()
         self._waiters = []
         self._tasks = set()
+        self._start_lock = None
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:

@@ -378,6 +378,10 @@ class PoolBase(ClientBase):
                 engine.abort()
             group.close()
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._in_forked_child():
+            # A child's reload gives it engines of its own: there is nothing
+            # left to start for the model it inherited.
+            self._owner_pid = os.getpid()
         switched = self._switch_now(group, engines)
         self._reloaded(vw_args, argv)
         self._changed()
@@ -645,6 +649,15 @@ class PoolBase(ClientBase):
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
                 if self._take_replacement(exchange, generation):
                     return True
+                if generation != self._roster.generation:
+                    # A reload replaced the call's model: no engine of it is
+                    # started again, and a call never mixes two models.
+                    if exchange.end_at is not None:
+                        return False
+                    raise VowpalWabbitError(
+                        "the engines of the model this call began on failed, and a reload "
+                        "has replaced that model since: call again to be served by the new "
+                        "one")
                 if limit is not None and _clock() >= limit:
                     if exchange.end_at is None:
                         raise self._no_engine_error(None)

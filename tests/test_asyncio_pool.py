@@ -208,3 +208,25 @@ def test_close_with_a_call_on_a_stopped_engine_returns_within_its_timeout(traine
         return took
 
     assert run(main()) < 2.0 + 0.5  # it took up to 1.5 times the timeout
+
+
+def test_tasks_starting_the_pool_at_once_start_it_once(trained_model, truth):
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+        groups = []
+        new_group = pool._new_group
+
+        def counting(argv):
+            groups.append(new_group(argv))
+            return groups[-1]
+
+        pool._new_group = counting
+        await asyncio.gather(pool.start(), pool.start(), pool.start())
+        engines = pool.engine_pids()
+        got = await pool.predict(common(1), items(3000))
+        await pool.close()
+        return len(groups), engines, got
+
+    groups, engines, got = run(main())
+    assert groups == 1 and len(engines) == 2
+    assert got == truth[trained_model][1]

@@ -18,7 +18,7 @@ import pytest
 from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 
-from conftest import DictFormatter, common, items, proc_stat, scoring_args
+from conftest import DictFormatter, common, in_child, items, proc_stat, scoring_args
 
 
 @pytest.fixture
@@ -491,3 +491,56 @@ def test_close_never_closes_pipes_a_call_still_uses(trained_model, truth):
     assert "wrong error" not in outcome, outcome
     if "got" in outcome:
         assert outcome["got"] == truth[trained_model][1][:len(outcome["got"])]
+
+
+def test_a_call_whose_old_model_engines_fail_after_a_reload_fails_at_once(
+        trained_model, second_model):
+    # Its model is gone: no engine of it will be started again, so a call
+    # with no deadline must not wait out io_timeout_s for one.
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                            io_timeout_s=20)
+    try:
+        old = pool.engine_pids()
+        outcome = {}
+
+        def call():
+            try:
+                outcome["got"] = pool.predict(common(1), items(3000) * 300)
+            except VowpalWabbitError as exc:
+                outcome["raised"] = exc
+                outcome["at"] = time.perf_counter()
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.3)
+        pool.reload(scoring_args(second_model))
+        killed = time.perf_counter()
+        os.kill(old[0], signal.SIGKILL)
+        thread.join(30)
+        assert "raised" in outcome, outcome.keys()
+        assert "reload has replaced that model" in str(outcome["raised"])
+        assert outcome["at"] - killed < 5  # not io_timeout_s (20 s)
+    finally:
+        pool.close()
+
+
+def test_a_forked_child_that_reloads_first_runs_only_the_new_engines(
+        trained_model, second_model, truth):
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    try:
+        def child():
+            pool.reload(scoring_args(second_model))
+            got = pool.predict(common(1), items(3000))
+            time.sleep(0.5)  # what a second start of the child's engines would take
+            engines = pool.engine_pids()
+            pool.close(5)
+            return [got, engines]
+
+        result = in_child(child)
+        assert "error" not in result, result
+        got, engines = result["ok"]
+        assert got == truth[second_model][1]
+        assert len(engines) == 2
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+    finally:
+        pool.close()
