@@ -11,7 +11,7 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
@@ -580,7 +580,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
     async def save(self, path: str, timeout: Optional[float] = None) -> None:
         """Save the model to ``path`` now, atomically, while the engine keeps
         serving (see :meth:`VowpalWabbitProcess.save
-        <subwabbit.process_model.VowpalWabbitProcessModel.save>`).
+        <subwabbit.process_model.VowpalWabbitProcessModel.save>`). A save
+        cancelled after its command reached the engine leaves ``path`` as it
+        was; what the engine writes for it is removed once written.
 
         :raises VowpalWabbitError: when the engine fails or times out
         :raises OSError: when no file can be written where ``path`` points
@@ -592,6 +594,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             engine, channel = self._engine, self._channel
             assert engine is not None and channel is not None
             save = ModelSave(str(path))
+            written_before = channel.bytes_written
             try:
                 exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
                                          self.io_timeout_s, control=save.command)
@@ -602,8 +605,20 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     self._fail(error)
                     raise error
                 save.finish(engine)
+            except asyncio.CancelledError:
+                if channel.bytes_written > written_before:
+                    # The engine may be saving now: removing its file under it
+                    # would abort it, and a file it writes later would stay.
+                    # Clean up once it is done; the target is left as it was.
+                    task = asyncio.ensure_future(
+                        _clean_up_after_the_engine(save, engine, self.io_timeout_s))
+                    _CLEAN_UPS.add(task)  # a task nobody holds may be collected
+                    task.add_done_callback(_CLEAN_UPS.discard)
+                    save = None
+                raise
             finally:
-                save.clean_up()
+                if save is not None:
+                    save.clean_up()
         finally:
             self._turn.release()
 
@@ -780,3 +795,23 @@ async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
             loop.remove_reader(engine.stdout_fd)
             if write:
                 loop.remove_writer(engine.stdin_fd)
+
+
+async def _clean_up_after_the_engine(save: ModelSave, engine: EngineProcess,
+                                     limit_s: Optional[float]) -> None:
+    """A cancelled save whose command reached the engine: wait until the
+    engine has written its side file (or exited, or ``limit_s`` passed: 60 s
+    without one), then remove what the save left beside its target."""
+    until = _clock() + (60.0 if limit_s is None else limit_s)
+    while _clock() < until and engine.returncode is None:
+        if save.written() and not os.path.exists(save.side + ".writing"):
+            break
+        await asyncio.sleep(0.02)
+    try:
+        save.clean_up()
+    except OSError as exc:
+        logger.warning("could not remove what a cancelled save left: %s", exc)
+
+
+#: the clean-ups of cancelled saves still under way
+_CLEAN_UPS: Set["asyncio.Future[None]"] = set()

@@ -366,3 +366,32 @@ def test_close_during_another_tasks_call_leaves_later_calls_no_turn_to_wait_for(
         return time.perf_counter() - began
 
     assert run(main()) < 1.0  # at once, not after io_timeout_s (or never)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.005, 0.02])
+def test_a_cancelled_save_leaves_no_file_and_a_working_engine(tmp_path, delay):
+    # Cancelled once its command reached the engine, a save used to remove
+    # the engine's file under it (vw then aborts) or leave a file written later.
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                            ["--quiet", "-b", "24"]) as model:
+            await model.train("|c k", [f"|i f{n} g{n}" for n in range(2000)], [1] * 2000)
+            saving = asyncio.ensure_future(model.save(str(tmp_path / "model.vw")))
+            await asyncio.sleep(delay)
+            saving.cancel()
+            try:
+                await saving
+            except asyncio.CancelledError:
+                pass
+            for _ in range(300):  # the engine may still be saving: give it 3 s
+                if not os.listdir(tmp_path):
+                    break
+                await asyncio.sleep(0.01)
+            left = sorted(os.listdir(tmp_path))
+            if saving.cancelled():
+                assert left == []
+            else:  # it finished before the cancel
+                assert left == ["model.vw"]
+            return await model.predict("|c k", ["|i f1"])
+
+    assert run(main()) == [1.0]
