@@ -24,7 +24,8 @@ from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_comma
 from .engine.program import option_name
 from .core.channel import Channel
 from .core.exchanges import Pacing, check_item_parts, format_common_part
-from .core.kinds import LABEL_STRINGS, SCALAR, PredictionKind, choose_kind
+from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
+                         refuse_in_audit_mode)
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
 from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
@@ -179,6 +180,8 @@ class ClientBase:
         if audit_mode and kind.name not in (SCALAR, LABEL_STRINGS):
             raise ValueError(f"audit_mode serves models with scalar predictions only; this is "
                              f"a {kind.name!r} model ({kind.origin})")
+        if audit_mode:
+            refuse_in_audit_mode(vw_args)
         return kind
 
     # ------------------------------------------------------------ channel

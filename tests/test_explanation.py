@@ -357,3 +357,19 @@ def test_dummy_formatter_passes_parts_through():
     assert formatter.get_formatted_example(common, item, label=1) == "1 |u u1 k2 |i i7"
     assert isinstance(formatter, VowpalWabbitBaseFormatter)
     assert formatter.parse_element("i^i7") == ("i", "i7")
+
+
+@pytest.mark.parametrize("cls_name, reduction", [
+    ("VowpalWabbitPLTProcess", ["--plt", "4", "--loss_function", "logistic"]),
+    ("VowpalWabbitProcess", ["--lrq", "ab2"]),
+    ("VowpalWabbitProcess", ["--nn", "2"]), ("VowpalWabbitProcess", ["--bootstrap", "2"])])
+def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name, reduction):
+    # With these vw prints one audit record per call of the learner under
+    # them: more than three lines for some examples, which would shift every
+    # later answer. Refused before any engine starts.
+    import subwabbit  # pylint: disable=import-outside-toplevel
+    cls = getattr(subwabbit, cls_name)
+    with pytest.raises(ValueError, match=f"audit_mode cannot serve {reduction[0]}"):
+        cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"], audit_mode=True)
+    # without audit mode the same model starts
+    cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"]).close()

@@ -770,6 +770,28 @@ def refuse_unservable(vw_args: Sequence[str]) -> None:
                              "ignores it, refuses it, or prints a second line per example)")
 
 
+#: Reductions that call the learner under them more than once per example:
+#: in audit mode vw then prints more than the three lines per example that
+#: audit mode reads, depending on the example (a labelled one, a tree's path).
+AUDIT_UNSERVABLE = ("--plt", "--lrq", "--lrqfa", "--multilabel_oaa", "--nn", "--bootstrap",
+                    "--boosting", "--autolink")
+
+
+def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
+    """Refuse, for audit mode, reductions that print several audit lines per
+    example (:data:`AUDIT_UNSERVABLE`). A model loaded with ``-i`` carries
+    its reductions in the file: those only the start-up probe can catch.
+
+    :raises ValueError: naming the argument
+    """
+    for token in vw_args:
+        name = option_name(token)
+        if name in AUDIT_UNSERVABLE:
+            raise ValueError(f"audit_mode cannot serve {name}: vw prints more than one "
+                             "audit record per example with it, and how many depends on the "
+                             "example")
+
+
 def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
                 default: Optional[str] = None) -> PredictionKind:
     """The kind of model the engine arguments (or ``prediction_type``) describe.
