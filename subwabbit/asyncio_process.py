@@ -10,8 +10,9 @@ import asyncio
 import collections
 import logging
 import os
+import threading
 import time
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
@@ -610,10 +611,10 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     # The engine may be saving now: removing its file under it
                     # would abort it, and a file it writes later would stay.
                     # Clean up once it is done; the target is left as it was.
-                    task = asyncio.ensure_future(
-                        _clean_up_after_the_engine(save, engine, self.io_timeout_s))
-                    _CLEAN_UPS.add(task)  # a task nobody holds may be collected
-                    task.add_done_callback(_CLEAN_UPS.discard)
+                    # A thread, not a task: it must outlive the event loop.
+                    threading.Thread(target=_clean_up_after_the_engine,
+                                     args=(save, engine, self.io_timeout_s),
+                                     name="subwabbit-save-clean-up", daemon=True).start()
                     save = None
                 raise
             finally:
@@ -797,21 +798,18 @@ async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
                 loop.remove_writer(engine.stdin_fd)
 
 
-async def _clean_up_after_the_engine(save: ModelSave, engine: EngineProcess,
-                                     limit_s: Optional[float]) -> None:
-    """A cancelled save whose command reached the engine: wait until the
-    engine has written its side file (or exited, or ``limit_s`` passed: 60 s
-    without one), then remove what the save left beside its target."""
+def _clean_up_after_the_engine(save: ModelSave, engine: EngineProcess,
+                               limit_s: Optional[float]) -> None:
+    """A cancelled save whose command reached the engine (on a thread of its
+    own): wait until the engine has written its side file (or exited, or
+    ``limit_s`` passed: 60 s without one), then remove what the save left
+    beside its target."""
     until = _clock() + (60.0 if limit_s is None else limit_s)
     while _clock() < until and engine.returncode is None:
         if save.written() and not os.path.exists(save.side + ".writing"):
             break
-        await asyncio.sleep(0.02)
+        time.sleep(0.02)
     try:
         save.clean_up()
     except OSError as exc:
         logger.warning("could not remove what a cancelled save left: %s", exc)
-
-
-#: the clean-ups of cancelled saves still under way
-_CLEAN_UPS: Set["asyncio.Future[None]"] = set()

@@ -54,7 +54,9 @@ def deadline_from_timeout(timeout: Optional[float], name: str = "timeout",
                           start: Optional[float] = None) -> Optional[float]:
     """Convert a relative timeout into an absolute :func:`time.perf_counter` deadline.
 
-    ``None`` means no deadline; ``0`` means a deadline that has already passed.
+    ``None`` means no deadline; ``0`` means a deadline that has already passed;
+    :data:`LONGEST_WAIT_S` or more (infinity included) means no deadline, as
+    ``None``: ``io_timeout_s`` then still guards against a stuck engine.
 
     :param timeout: seconds from ``start``, or ``None``
     :param name: the parameter's name, for error messages
@@ -62,7 +64,7 @@ def deadline_from_timeout(timeout: Optional[float], name: str = "timeout",
     :returns: the deadline, or ``None``
     """
     seconds = validate_seconds(timeout, name)
-    if seconds is None:
+    if seconds is None or seconds >= LONGEST_WAIT_S:
         return None
     return (time.perf_counter() if start is None else start) + seconds
 

@@ -278,9 +278,9 @@ class VowpalWabbitPool(PoolBase):
         and SIGKILL). Calls in progress end at their next step with the
         predictions they have, and give their engines back before those are
         closed. A call that holds on for more than half the timeout has its
-        engines killed, and raises; it closes their pipes when it gives them
-        back, so that nothing it still reads or writes can be another's.
-        Idempotent."""
+        engines killed and ends with what it has; it closes their pipes when
+        it gives them back, so that nothing it still reads or writes can be
+        another's. Idempotent."""
         timeout = required_seconds(timeout, "timeout")
         deadline = _clock() + timeout
         with self._cond:
@@ -302,7 +302,8 @@ class VowpalWabbitPool(PoolBase):
                 slot.engine.kill()  # its call meets a dead engine at its next step
         threads = []
         for slot in free:
-            thread = threading.Thread(target=close_quietly, args=(slot.engine, timeout),
+            thread = threading.Thread(target=close_quietly,
+                                      args=(slot.engine, max(0.0, deadline - _clock())),
                                       name="subwabbit-pool-close", daemon=True)
             thread.start()
             threads.append(thread)

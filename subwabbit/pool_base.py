@@ -601,6 +601,9 @@ class PoolBase(ClientBase):
             results += exchange.step(now)
             if exchange.done:
                 return most
+            if self._closed:  # closed during the step (a slow formatter): its engines
+                exchange.done = exchange.timed_out = True  # may be killed; none failed
+                return most
             if seen != roster.version or exchange.releasable_lanes():
                 with self._state_lock():
                     closing = self._rebalance_now(exchange, items, generation)

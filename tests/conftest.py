@@ -250,3 +250,10 @@ def in_child(body):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     return json.loads(b"".join(chunks))
+
+
+def pytest_configure(config: Any) -> None:
+    # Tests that need a long budget pass timeout=5.0 and the like on purpose;
+    # the warning that such a timeout may be milliseconds is tested on its own
+    # (test_upgrade_from_2x), not printed for each run.
+    config.addinivalue_line("filterwarnings", r"ignore:predict\(timeout=:UserWarning")

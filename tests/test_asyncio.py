@@ -395,3 +395,26 @@ def test_a_cancelled_save_leaves_no_file_and_a_working_engine(tmp_path, delay):
             return await model.predict("|c k", ["|i f1"])
 
     assert run(main()) == [1.0]
+
+
+def test_a_cancelled_save_is_cleaned_up_after_the_loop_ends(tmp_path):
+    # The object is never closed and the loop ends right after the cancel:
+    # the clean-up must not die with the loop.
+    async def main():
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-b", "24"])
+        await model.start()
+        await model.train("|c k", [f"|i f{n} g{n}" for n in range(2000)], [1] * 2000)
+        saving = asyncio.ensure_future(model.save(str(tmp_path / "model.vw")))
+        await asyncio.sleep(0.005)
+        saving.cancel()
+        try:
+            await saving
+        except asyncio.CancelledError:
+            pass
+        return saving.cancelled()
+
+    cancelled = run(main())
+    until = time.perf_counter() + 5
+    while os.listdir(tmp_path) and time.perf_counter() < until:
+        time.sleep(0.02)
+    assert sorted(os.listdir(tmp_path)) == ([] if cancelled else ["model.vw"])

@@ -293,6 +293,10 @@ def test_validate_seconds_rejects_bools_and_non_numbers(value):
 
 def test_deadline_from_timeout_none_is_no_deadline():
     assert deadline_from_timeout(None) is None
+    # no limit either, so that io_timeout_s still guards against a stuck engine
+    assert deadline_from_timeout(math.inf) is None
+    assert deadline_from_timeout(LONGEST_WAIT_S) is None
+    assert deadline_from_timeout(LONGEST_WAIT_S / 2) is not None
     assert deadline_from_timeout(None, start=5.0) is None
     assert remaining(None) is None
 

@@ -362,7 +362,8 @@ def test_dummy_formatter_passes_parts_through():
 @pytest.mark.parametrize("cls_name, reduction", [
     ("VowpalWabbitPLTProcess", ["--plt", "4", "--loss_function", "logistic"]),
     ("VowpalWabbitProcess", ["--lrq", "ab2"]),
-    ("VowpalWabbitProcess", ["--nn", "2"]), ("VowpalWabbitProcess", ["--bootstrap", "2"])])
+    ("VowpalWabbitProcess", ["--nn", "2"]), ("VowpalWabbitProcess", ["--bootstrap", "2"]),
+    ("VowpalWabbitProcess", ["--interact", "ab"])])
 def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name, reduction):
     # With these vw prints one audit record per call of the learner under
     # them: more than three lines for some examples, which would shift every

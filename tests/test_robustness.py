@@ -520,3 +520,26 @@ def test_a_call_with_no_limit_waits_for_another_threads_call(trained_model, tmp_
         unfinished.close()
         waiter.join(10)
         assert got == [pytest.approx(expected, abs=1e-6)]
+
+
+@pytest.mark.parametrize("timeout", [None, math.inf, 1e300])
+def test_a_stopped_engine_fails_a_call_with_no_limit_after_io_timeout_s(trained_model, timeout):
+    with VowpalWabbitNonBlockingProcess(DictFormatter(), scoring_args(trained_model),
+                                        io_timeout_s=0.5) as model:
+        os.kill(model.pid, signal.SIGSTOP)
+        raised = []
+
+        def call():
+            try:
+                list(model.predict({"user": 1}, _items(3000), timeout=timeout))
+            except VowpalWabbitError as exc:
+                raised.append(exc)
+
+        waiter = threading.Thread(target=call, daemon=True)
+        try:
+            waiter.start()
+            waiter.join(0.5 + 2.0)
+            assert not waiter.is_alive(), "the call waits on a stopped engine"
+        finally:
+            os.kill(model.pid, signal.SIGCONT)
+        assert len(raised) == 1 and isinstance(raised[0], VowpalWabbitTimeoutError)

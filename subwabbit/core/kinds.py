@@ -774,7 +774,8 @@ def refuse_unservable(vw_args: Sequence[str]) -> None:
 #: in audit mode vw then prints more than the three lines per example that
 #: audit mode reads, depending on the example (a labelled one, a tree's path).
 AUDIT_UNSERVABLE = ("--plt", "--lrq", "--lrqfa", "--multilabel_oaa", "--nn", "--bootstrap",
-                    "--boosting", "--autolink")
+                    "--boosting", "--autolink", "--interact", "--new_mf", "--stage_poly",
+                    "--ksvm")
 
 
 def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
