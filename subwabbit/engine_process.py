@@ -13,6 +13,7 @@ import collections
 import errno
 import logging
 import os
+import re
 import select
 import struct
 import subprocess
@@ -32,6 +33,10 @@ from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWab
                      describe_returncode)
 
 logger = logging.getLogger("subwabbit.engine")
+
+#: How vw reports an example that stopped its driver (``[error] vw example
+#: #12(multiclass.cc:52): Malformed example: ...``).
+_EXAMPLE_ERROR = re.compile(r"vw example #\d+\(")
 
 _READ_CHUNK = 1 << 16
 _STDERR_TAIL_LINES = 50
@@ -458,6 +463,15 @@ class EngineProcess:
             raise VowpalWabbitEngineExitedError(
                 "the vw engine failed while shutting down", argv=self.argv, returncode=code,
                 stderr_tail=self.stderr_tail())
+        if code == 0 and not self._killed_by_us and not self._failure_reported \
+                and _EXAMPLE_ERROR.search(self.stderr_tail()):
+            # The wheel's driver stops at an example it cannot read and exits
+            # 0 as if its input had ended (the vw executable exits 1).
+            self._failure_reported = True
+            raise VowpalWabbitEngineExitedError(
+                "the vw engine stopped at an example it could not read: the examples sent "
+                "after it were not learnt, and a -f model it wrote lacks them",
+                argv=self.argv, returncode=code, stderr_tail=self.stderr_tail())
         return code
 
     def close_input(self) -> None:

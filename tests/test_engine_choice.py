@@ -102,6 +102,23 @@ def test_engine_module_exits_1_when_an_example_stops_it():
     assert b"label" in err and out.splitlines()[0] == b"1"
 
 
+def test_write_only_training_that_an_example_stopped_fails_at_close(tmp_path):
+    # An --oaa model loaded with -i and no prediction_type takes label strings
+    # as they come; a typo stops vw's driver, which must not pass for success.
+    from subwabbit import VowpalWabbitEngineExitedError  # pylint: disable=import-outside-toplevel
+    base, out = str(tmp_path / "oaa.vw"), tmp_path / "out.vw"
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet", "-f", base],
+                             write_only=True) as trainer:
+        trainer.train("|u a", ["|i x", "|i y"], [1, 2])
+    trainer = VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                  ["-i", base, "--quiet", "-f", str(out)], write_only=True)
+    labels = ["1"] * 400 + ["l"] + ["2"] * 400
+    trainer.train("|u a", [f"|i x{n}" for n in range(len(labels))], labels)
+    with pytest.raises(VowpalWabbitEngineExitedError, match="were not learnt") as caught:
+        trainer.close()
+    assert "Malformed example" in caught.value.stderr_tail
+
+
 def test_engine_that_prints_errors_on_stdout_is_reported(tmp_path):
     """A real vw prints fatal option errors as '[critical]' lines on stdout."""
     fake = tmp_path / "fake_vw.py"
