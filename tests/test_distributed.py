@@ -494,6 +494,16 @@ def test_train_writes_node_0s_model_which_predicts(cluster2, calls, tmp_path):
     assert 0 < loss < math.log(2)  # learnt something
 
 
+def test_a_model_path_that_cannot_be_written_fails_before_the_job(monkeypatch, tmp_path):
+    def job_ran(*args, **kwargs):
+        raise AssertionError("the job ran before model_path was checked")
+
+    monkeypatch.setattr(job_module, "run_job", job_ran)
+    with pytest.raises(FileNotFoundError):
+        train(None, [[]], VowpalWabbitDummyFormatter(), ARGS, tmp_path / "missing" / "m.vw")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_dask_bag_with_one_partition_per_shard_gives_the_same_model(cluster2, calls, tmp_path):
     bag = pytest.importorskip("dask.bag")
     shards = split(calls, 2)

@@ -365,15 +365,19 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
     :returns: ``model_path``
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time (no model is written)
+    :raises OSError: when no file can be written beside ``model_path``,
+        before the job starts
     """
-    result = run_job(client, shards, formatter, vw_args, timeout_s=timeout_s, keep_models=(0,),
-                     **options)
     path = os.fspath(model_path)
     # A name of its own (two jobs of one process may write the same path),
-    # never left behind.
+    # never left behind. Created before the job: a path that cannot be
+    # written fails at once, not after hours of training.
     temporary = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    handle = open(temporary, "wb")  # pylint: disable=consider-using-with
     try:
-        with open(temporary, "wb") as handle:
+        with handle:
+            result = run_job(client, shards, formatter, vw_args, timeout_s=timeout_s,
+                             keep_models=(0,), **options)
             handle.write(result.models[0])
         os.replace(temporary, path)
     except BaseException:
