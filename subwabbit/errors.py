@@ -80,12 +80,20 @@ class VowpalWabbitProtocolError(VowpalWabbitError):
     must be closed."""
 
 
+#: The exit status of an engine that ended when nobody could learn how: one
+#: forked by a pool's fork server, which reaps it, after that server died.
+UNKNOWN_EXIT_STATUS = -(1 << 16)
+
+
 def describe_returncode(returncode: int) -> str:
     """Describe an exit status as ``exited with code N`` or ``killed by SIGX``.
 
-    :param returncode: a :attr:`subprocess.Popen.returncode`
+    :param returncode: a :attr:`subprocess.Popen.returncode`, or
+        :data:`UNKNOWN_EXIT_STATUS`
     :returns: a short human-readable phrase
     """
+    if returncode == UNKNOWN_EXIT_STATUS:
+        return "ended with an unknown status (the fork server that reaped it is gone)"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name

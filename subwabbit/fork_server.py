@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 from .command import default_engine_command
 from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
 from .engine_process import EngineProcess
-from .errors import VowpalWabbitError, VowpalWabbitStartupError
+from .errors import UNKNOWN_EXIT_STATUS, VowpalWabbitError, VowpalWabbitStartupError
 
 logger = logging.getLogger("subwabbit")
 
@@ -76,8 +76,14 @@ class ForkedProcess:
         if self.returncode is None:
             code = self._server.exit_status(self.pid)
             if code is None and self._gone():
-                # Exited, and its status cannot come any more (the server is gone).
-                code = 0 if self._server.closed else None
+                # Ended, and its status will not come: the server died
+                # (unknown), or we stopped it ourselves and let the engine go
+                # on until its input closed (0, as asked). Otherwise the
+                # status is on its way.
+                if self._server.died:
+                    code = UNKNOWN_EXIT_STATUS
+                elif self._server.stopped:
+                    code = 0
             if code is not None:
                 self.returncode = code
                 self._close_pidfd()
@@ -160,6 +166,10 @@ class ForkServer:
         self._replies: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._exits: Dict[int, int] = {}
         self.closed = False
+        #: stopped by :meth:`close` (or let go in a fork): no statuses come any more
+        self.stopped = False
+        #: it ended without being asked: the statuses it had not sent are lost
+        self.died = False
         ready = self._first_message(startup_timeout_s)
         if ready == b"nofork":
             self.close()
@@ -197,6 +207,7 @@ class ForkServer:
                 message = b""
             if not message:
                 self.closed = True
+                self.died = not self.stopped
                 self._replies.put(None)
                 return
             if message.startswith(b"exit "):
@@ -252,7 +263,7 @@ class ForkServer:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the server (the engines it forked go on until their input closes)."""
-        self.closed = True
+        self.closed = self.stopped = True
         try:
             self._sock.close()
         except OSError:
@@ -264,7 +275,7 @@ class ForkServer:
 
     def abandon_in_fork(self) -> None:
         """In a forked client process: let go without touching the server."""
-        self.closed = True
+        self.closed = self.stopped = True
         try:
             self._sock.close()
         except OSError:

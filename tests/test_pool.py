@@ -552,3 +552,25 @@ def test_a_forked_child_that_reloads_first_runs_only_the_new_engines(
         assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
     finally:
         pool.close()
+
+
+def test_an_engine_that_ends_after_its_fork_server_died_has_an_unknown_status(trained_model):
+    from subwabbit.errors import UNKNOWN_EXIT_STATUS, describe_returncode  # pylint: disable=import-outside-toplevel
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    try:
+        group = pool._groups[0]
+        assert group.shares_weights
+        server = group.server.engine.pid
+        process = pool._roster.slots[0].engine.proc  # forked by the server
+        os.kill(server, signal.SIGKILL)
+        until = time.time() + 10
+        while not group.server.died and time.time() < until:
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+        while process.poll() is None and time.time() < until:
+            time.sleep(0.01)
+        # not "exited with code 0": nobody could learn how it ended
+        assert process.poll() == UNKNOWN_EXIT_STATUS
+        assert "unknown status" in describe_returncode(process.poll())
+    finally:
+        pool.close()
