@@ -17,6 +17,13 @@ The encoding is injective (distinct inputs give distinct names, so distinct
 users stay distinct features) and leaves ordinary names untouched, so names
 stay readable in audit explanations.
 
+.. note:: ``^`` and ``*`` stay as they are: vw reads them as part of the
+   name, but an audit explanation writes ``namespace^feature`` and joins
+   interacted features with ``*``, so a name holding them reads ambiguously
+   there (``5*stars`` looks like an interaction of ``5`` and ``stars``).
+   Escaping them would change the names, and so the hashes, of features
+   that models already learnt.
+
 .. note:: Interactions such as ``-q ui`` pair namespaces by their *first
    character*. Start a namespace with a fixed letter of your own and escape
    only the untrusted rest: ``f"|u{escape_name(source)} ..."``.
