@@ -36,7 +36,7 @@ logger = logging.getLogger("subwabbit.engine")
 
 #: How vw reports an example that stopped its driver (``[error] vw example
 #: #12(multiclass.cc:52): Malformed example: ...``).
-_EXAMPLE_ERROR = re.compile(r"vw example #\d+\(")
+_EXAMPLE_ERROR = re.compile(r"vw:? example #\d+")
 
 _READ_CHUNK = 1 << 16
 _STDERR_TAIL_LINES = 50
@@ -470,7 +470,8 @@ class EngineProcess:
             self._failure_reported = True
             raise VowpalWabbitEngineExitedError(
                 "the vw engine stopped at an example it could not read: the examples sent "
-                "after it were not learnt, and a -f model it wrote lacks them",
+                "after it were not learnt, and a -f model it wrote (over any file of that "
+                "name) lacks them",
                 argv=self.argv, returncode=code, stderr_tail=self.stderr_tail())
         return code
 

@@ -14,8 +14,9 @@ class VowpalWabbitError(Exception):
     """Base class of errors about the vw engine or the use of a process object.
 
     :ivar argv: the engine's command line, when the error is about an engine
-    :ivar returncode: the engine's exit code (negative: killed by that signal),
-        or ``None`` while it runs or when unknown
+    :ivar returncode: the engine's exit code (negative: killed by that signal;
+        :data:`UNKNOWN_EXIT_STATUS`: it ended, nobody could learn how), or
+        ``None`` while it runs or when unknown
     :ivar stderr_tail: the last lines the engine wrote to its stderr
     :ivar output: what the engine printed on stdout when that explains the
         error (a real ``vw`` prints fatal argument errors there)

@@ -80,9 +80,12 @@ class ForkedProcess:
                 # (unknown), or we stopped it ourselves and let the engine go
                 # on until its input closed (0, as asked). Otherwise the
                 # status is on its way.
-                if self._server.died:
+                if self._server.died or self._server.stopped:
+                    # the status may have come just before the server ended
+                    code = self._server.exit_status(self.pid)
+                if code is None and self._server.died:
                     code = UNKNOWN_EXIT_STATUS
-                elif self._server.stopped:
+                elif code is None and self._server.stopped:
                     code = 0
             if code is not None:
                 self.returncode = code

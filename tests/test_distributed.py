@@ -719,3 +719,13 @@ def test_a_warm_start_from_a_bandit_model_file_trains_with_prediction_type(clust
                                         prediction_type="cb_explore_adf") as served:
         probabilities = list(served.predict("|u u1", actions))
     assert len(probabilities) == 4 and abs(sum(probabilities) - 1.0) < 1e-3
+
+
+def test_a_model_path_that_is_a_directory_fails_before_the_job(monkeypatch, tmp_path):
+    def job_ran(*args, **kwargs):
+        raise AssertionError("the job ran before model_path was checked")
+
+    monkeypatch.setattr(job_module, "run_job", job_ran)
+    with pytest.raises(IsADirectoryError):
+        train(None, [[]], VowpalWabbitDummyFormatter(), ARGS, tmp_path)
+    assert os.listdir(tmp_path) == []

@@ -373,6 +373,8 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
     # never left behind. Created before the job: a path that cannot be
     # written fails at once, not after hours of training.
     temporary = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"model_path is a directory: {path}")
     handle = open(temporary, "wb")  # pylint: disable=consider-using-with
     try:
         with handle:
