@@ -1,4 +1,4 @@
-"""How slow a process's first calls are after it has waited, and why.
+"""How slow a process's first calls are after it has waited, and what goes with it.
 
 Run: ``python -m benchmarks.idle_ramp [--idle S] [--turns N] [--calls N]
 [--nonblocking] [--driver vw|loop]``.

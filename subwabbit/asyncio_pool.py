@@ -270,7 +270,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        argv = self._check_reload(timeout, vw_args)
+        argv, timeout = self._check_reload(timeout, vw_args)
         group, engines = await self._spawn(argv, self.size)
         idle, old_groups = self._switch_to(group, engines, vw_args, argv)
         self._started = True

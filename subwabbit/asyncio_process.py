@@ -10,7 +10,6 @@ import asyncio
 import collections
 import logging
 import os
-import threading
 import time
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -596,6 +595,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             assert engine is not None and channel is not None
             save = ModelSave(str(path))
             written_before = channel.bytes_written
+            done = False
             try:
                 exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
                                          self.io_timeout_s, control=save.command)
@@ -606,20 +606,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     self._fail(error)
                     raise error
                 save.finish(engine)
-            except asyncio.CancelledError:
-                if channel.bytes_written > written_before:
-                    # The engine may be saving now: removing its file under it
-                    # would abort it, and a file it writes later would stay.
-                    # Clean up once it is done; the target is left as it was.
-                    # A thread, not a task: it must outlive the event loop.
-                    threading.Thread(target=_clean_up_after_the_engine,
-                                     args=(save, engine, self.io_timeout_s),
-                                     name="subwabbit-save-clean-up", daemon=True).start()
-                    save = None
-                raise
+                done = True
             finally:
-                if save is not None:
+                if done or channel.bytes_written == written_before:
                     save.clean_up()
+                else:  # the engine may be saving now (a timeout, a cancellation)
+                    save.clean_up_later(engine, self.io_timeout_s)
         finally:
             self._turn.release()
 
@@ -797,19 +789,3 @@ async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
             if write:
                 loop.remove_writer(engine.stdin_fd)
 
-
-def _clean_up_after_the_engine(save: ModelSave, engine: EngineProcess,
-                               limit_s: Optional[float]) -> None:
-    """A cancelled save whose command reached the engine (on a thread of its
-    own): wait until the engine has written its side file (or exited, or
-    ``limit_s`` passed: 60 s without one), then remove what the save left
-    beside its target."""
-    until = _clock() + (60.0 if limit_s is None else limit_s)
-    while _clock() < until and engine.returncode is None:
-        if save.written() and not os.path.exists(save.side + ".writing"):
-            break
-        time.sleep(0.02)
-    try:
-        save.clean_up()
-    except OSError as exc:
-        logger.warning("could not remove what a cancelled save left: %s", exc)

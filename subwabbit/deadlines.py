@@ -11,9 +11,10 @@ from typing import Optional
 
 
 #: The longest wait subwabbit asks of the operating system, in seconds (about
-#: eleven and a half days). A number of seconds above it, infinity included, is
-#: taken as this: no call waits so long in practice, and the system's waits
-#: (``select``, ``poll``, locks) refuse numbers far larger.
+#: eleven and a half days). A number of seconds above it that converts to a
+#: float, infinity included, is taken as this: no call waits so long in
+#: practice, and the system's waits (``select``, ``poll``, locks) refuse
+#: numbers far larger. A timeout that long means no deadline.
 LONGEST_WAIT_S = 1_000_000.0
 
 

@@ -416,7 +416,8 @@ class EngineProcess:
         :returns: the exit status (``None`` if even SIGKILL did not end the
             engine in time; a background thread then reaps it)
         :raises VowpalWabbitEngineExitedError: when the engine exits with a
-            non-zero status of its own after a clean shutdown request and no
+            non-zero status of its own after a clean shutdown request, or
+            with 0 after reporting an example that stopped it, and no
             earlier error reported its failure
         """
         if self._closed:

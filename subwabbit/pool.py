@@ -229,7 +229,7 @@ class VowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        argv = self._check_reload(timeout, vw_args)
+        argv, timeout = self._check_reload(timeout, vw_args)
         group, engines = self._spawn(argv, self.size)
         with self._cond:
             idle, old_groups = self._switch_to(group, engines, vw_args, argv)

@@ -355,15 +355,15 @@ class PoolBase(ClientBase):
             self._counters["engine_failures"] += 1
         return in_service
 
-    def _check_reload(self, timeout: float, vw_args: VwArgs) -> List[str]:
+    def _check_reload(self, timeout: float, vw_args: VwArgs) -> "tuple[List[str], float]":
         """Check a reload's arguments before anything starts.
 
-        :returns: the new engines' command line
+        :returns: the new engines' command line, and ``timeout`` validated
         """
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        return self._reload_argv(vw_args)
+        return self._reload_argv(vw_args), timeout
 
     def _switch_to(self, group: EngineGroup, engines: List[EngineProcess], vw_args: VwArgs,
                    argv: List[str]) -> "tuple[List[Slot], List[EngineGroup]]":

@@ -647,6 +647,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         with self._call(deadline):
             engine, channel = self._engine_or_raise()
             save = ModelSave(str(path))
+            written_before = channel.bytes_written
+            done = False
             try:
                 exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
                                          self.io_timeout_s, control=save.command,
@@ -670,8 +672,12 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                         self._fail(exc)
                         raise
                 save.finish(engine)
+                done = True
             finally:
-                save.clean_up()
+                if done or channel.bytes_written == written_before:
+                    save.clean_up()
+                else:  # the engine may be saving now (a timeout, an interrupt)
+                    save.clean_up_later(engine, self.io_timeout_s)
         logger.info("vw[%d] saved its model to %s", engine.pid, save.target)
 
     def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Tuple[float, str]:
@@ -750,6 +756,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                            self)
             self._engine.kill()
             held = self._wait_for_turn(token, began + timeout * 0.75)
+            # If it still holds on, its engine's pipes are closed under it: its
+            # call was ended (_abandon_channel) and a closed EngineProcess
+            # refuses to read or write, which leaves only the instant between
+            # that check and the system call (the pools leave such pipes to
+            # the call instead: Slot.close_on_return).
         try:
             self._closed = True
             self._abandon_channel("the process was closed")

@@ -6,11 +6,16 @@ appears under the name it was given is complete. subwabbit gives it a unique
 name beside the target and renames that to the target afterwards.
 """
 
+import logging
 import os
+import threading
+import time
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from .errors import VowpalWabbitError
+
+logger = logging.getLogger("subwabbit")
 
 
 class ModelSave:
@@ -59,3 +64,27 @@ class ModelSave:
         for leftover in (self.side, self.side + ".writing"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+    def clean_up_later(self, engine: Any, limit_s: Optional[float]) -> None:
+        """:meth:`clean_up` once the engine is done with this save, on a
+        thread of its own: for a save that ended (timed out, cancelled,
+        interrupted) after its command reached the engine, which may be
+        writing the side file now. Removing it under the engine makes vw
+        abort; a file it writes later would stay beside the target.
+
+        :param engine: the :class:`~subwabbit.engine_process.EngineProcess`
+        :param limit_s: the longest wait (``None``: 60 s)
+        """
+        threading.Thread(target=self._clean_up_when_done, args=(engine, limit_s),
+                         name="subwabbit-save-clean-up", daemon=True).start()
+
+    def _clean_up_when_done(self, engine: Any, limit_s: Optional[float]) -> None:
+        until = time.perf_counter() + (60.0 if limit_s is None else limit_s)
+        while time.perf_counter() < until and engine.returncode is None:
+            if self.written() and not os.path.exists(self.side + ".writing"):
+                break
+            time.sleep(0.02)
+        try:
+            self.clean_up()
+        except OSError as exc:
+            logger.warning("could not remove what an unfinished save left: %s", exc)

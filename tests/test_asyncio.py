@@ -186,7 +186,6 @@ def test_the_loop_keeps_running_during_a_long_call(trained_model):
 
 
 # a 5 s budget on purpose: the call must still be running when the engine dies
-@pytest.mark.filterwarnings("ignore:predict\\(timeout=5.0\\)")
 def test_engine_killed_mid_call_raises_and_restart_recovers(trained_model, tmp_path):
     formatter = DictFormatter()
     common = {"user": 3}

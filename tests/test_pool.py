@@ -7,6 +7,7 @@ read from a file, for the model that served the call.
 
 import fcntl
 import json
+import math
 import os
 import signal
 import subprocess
@@ -574,3 +575,26 @@ def test_an_engine_that_ends_after_its_fork_server_died_has_an_unknown_status(tr
         assert "unknown status" in describe_returncode(process.poll())
     finally:
         pool.close()
+
+
+def test_reload_with_an_infinite_timeout_closes_the_old_engines(trained_model, second_model,
+                                                                truth):
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    try:
+        old = pool.engine_pids()
+        pool.reload(scoring_args(second_model), timeout=math.inf)  # no OverflowError
+        assert pool.predict(common(1), items(3000)) == truth[second_model][1]
+        for pid in old:
+            assert _gone(pid)
+    finally:
+        pool.close()
+
+
+def _gone(pid):
+    until = time.time() + 10
+    while time.time() < until:
+        stat = proc_stat(pid)
+        if stat is None or stat[0] == "Z":
+            return True
+        time.sleep(0.02)
+    return False

@@ -543,3 +543,26 @@ def test_a_stopped_engine_fails_a_call_with_no_limit_after_io_timeout_s(trained_
         finally:
             os.kill(model.pid, signal.SIGCONT)
         assert len(raised) == 1 and isinstance(raised[0], VowpalWabbitTimeoutError)
+
+
+def test_an_unfinished_save_is_cleaned_up_only_once_the_engine_wrote_its_file(tmp_path):
+    # A save that timed out (or was cancelled) may still be running in the
+    # engine: its files are removed after the engine renamed them into place,
+    # never under it while it writes (vw aborts when its rename fails).
+    from subwabbit.saving import ModelSave  # pylint: disable=import-outside-toplevel
+
+    class Running:  # the engine, alive while the test plays its part
+        returncode = None
+
+    save = ModelSave(str(tmp_path / "model.vw"))
+    writing = save.side + ".writing"
+    with open(writing, "wb") as handle:  # the engine is writing
+        handle.write(b"weights")
+    save.clean_up_later(Running(), 10)
+    time.sleep(0.3)
+    assert os.path.exists(writing)  # left alone while it writes
+    os.replace(writing, save.side)  # the engine is done
+    until = time.time() + 5
+    while os.listdir(tmp_path) and time.time() < until:
+        time.sleep(0.02)
+    assert os.listdir(tmp_path) == []
