@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any, List, Optional, Sequence
 
 import pytest
@@ -165,6 +166,17 @@ def proc_stat(pid: int) -> Optional[List[str]]:
             return stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def process_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """Wait until ``pid`` has exited (gone, or a zombie); ``False`` after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        stat = proc_stat(pid)
+        if stat is None or stat[0] == "Z":
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def children_of_this_process() -> List[int]:

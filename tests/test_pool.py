@@ -19,7 +19,8 @@ import pytest
 from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 
-from conftest import DictFormatter, common, in_child, items, proc_stat, scoring_args
+from conftest import (DictFormatter, common, in_child, items, proc_stat, process_gone,
+                      scoring_args)
 
 
 @pytest.fixture
@@ -585,16 +586,6 @@ def test_reload_with_an_infinite_timeout_closes_the_old_engines(trained_model, s
         pool.reload(scoring_args(second_model), timeout=math.inf)  # no OverflowError
         assert pool.predict(common(1), items(3000)) == truth[second_model][1]
         for pid in old:
-            assert _gone(pid)
+            assert process_gone(pid)
     finally:
         pool.close()
-
-
-def _gone(pid):
-    until = time.time() + 10
-    while time.time() < until:
-        stat = proc_stat(pid)
-        if stat is None or stat[0] == "Z":
-            return True
-        time.sleep(0.02)
-    return False

@@ -12,19 +12,10 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import DictFormatter, common, in_child, items, proc_stat, scoring_args
+from conftest import (DictFormatter, common, in_child, items, process_gone,
+                      scoring_args)
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
-
-
-def _gone(pid):
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        stat = proc_stat(pid)
-        if stat is None or stat[0] == "Z":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("kind", sorted(SYNC))
@@ -61,7 +52,7 @@ def test_reload_switches_models_between_calls_from_other_threads(
         assert 0 in served and 1 in served
         assert served == sorted(served)  # never back to the old model
         assert list(model.predict(common(2), items(3000))) == truth[second_model][2]
-        assert model.pid != old_pid and _gone(old_pid)
+        assert model.pid != old_pid and process_gone(old_pid)
         assert model.restart_count == 0
         assert "-i" in model.argv and second_model in model.argv
     finally:
@@ -121,7 +112,7 @@ def test_asyncio_reload_with_tasks_calling_meanwhile(trained_model, second_model
             return old_pid
 
     old_pid = asyncio.run(main())
-    assert _gone(old_pid)
+    assert process_gone(old_pid)
 
 
 @pytest.mark.parametrize("how", ["restart", "reload", "close"])
