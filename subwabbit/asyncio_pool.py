@@ -126,9 +126,6 @@ class AsyncVowpalWabbitPool(PoolBase):
         while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
             await asyncio.sleep(0.001)
         free = self._leave_held_to_their_calls_now(slots)
-        for slot in slots:
-            if slot not in free:
-                slot.engine.kill()  # its call meets a dead engine at its next step
         loop = asyncio.get_running_loop()
         if free:
             left = max(0.0, began + timeout - _clock())

@@ -608,10 +608,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 save.finish(engine)
                 done = True
             finally:
-                if done or channel.bytes_written == written_before:
-                    save.clean_up()
-                else:  # the engine may be saving now (a timeout, a cancellation)
-                    save.clean_up_later(engine, self.io_timeout_s)
+                save.clean_up_after(engine, done, channel.bytes_written != written_before,
+                                    self.io_timeout_s)
         finally:
             self._turn.release()
 
@@ -788,4 +786,3 @@ async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
             loop.remove_reader(engine.stdout_fd)
             if write:
                 loop.remove_writer(engine.stdin_fd)
-

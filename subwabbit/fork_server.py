@@ -75,18 +75,14 @@ class ForkedProcess:
         """The exit status, once known (``None`` while it runs)."""
         if self.returncode is None:
             code = self._server.exit_status(self.pid)
-            if code is None and self._gone():
-                # Ended, and its status will not come: the server died
-                # (unknown), or we stopped it ourselves and let the engine go
-                # on until its input closed (0, as asked). Otherwise the
-                # status is on its way.
-                if self._server.died or self._server.stopped:
-                    # the status may have come just before the server ended
-                    code = self._server.exit_status(self.pid)
-                if code is None and self._server.died:
-                    code = UNKNOWN_EXIT_STATUS
-                elif code is None and self._server.stopped:
-                    code = 0
+            if code is None and self._gone() and (self._server.died or self._server.stopped):
+                # Ended, and the server will send no status any more (if it
+                # has not just before it ended): it died (unknown), or we
+                # stopped it and let the engine go on until its input closed
+                # (0, as asked). Otherwise the status is on its way.
+                code = self._server.exit_status(self.pid)
+                if code is None:
+                    code = UNKNOWN_EXIT_STATUS if self._server.died else 0
             if code is not None:
                 self.returncode = code
                 self._close_pidfd()

@@ -297,9 +297,6 @@ class VowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return
-        for slot in slots:
-            if slot not in free:
-                slot.engine.kill()  # its call meets a dead engine at its next step
         threads = []
         for slot in free:
             thread = threading.Thread(target=close_quietly,

@@ -332,16 +332,18 @@ class PoolBase(ClientBase):
 
     def _leave_held_to_their_calls_now(self, slots: List[Slot]) -> List[Slot]:
         """At close, once calls had their time to give engines back (state
-        lock held): the engines still held are closed by their calls when
-        they give them back, since a descriptor closed under a call could be
-        reused by another engine or file before the call's next read or
-        write.
+        lock held): the engines still held are killed, so that their calls
+        meet a dead engine at their next step, and are closed by their calls
+        when they give them back, since a descriptor closed under a call
+        could be reused by another engine or file before the call's next
+        read or write.
 
         :returns: the engines no call holds, for ``close()`` to close
         """
         for slot in slots:
             if slot.held:
                 slot.close_on_return = True
+                slot.engine.kill()
         return [slot for slot in slots if not slot.held]
 
     def _take_out_now(self, slot: Slot) -> bool:

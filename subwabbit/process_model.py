@@ -674,10 +674,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 save.finish(engine)
                 done = True
             finally:
-                if done or channel.bytes_written == written_before:
-                    save.clean_up()
-                else:  # the engine may be saving now (a timeout, an interrupt)
-                    save.clean_up_later(engine, self.io_timeout_s)
+                save.clean_up_after(engine, done, channel.bytes_written != written_before,
+                                    self.io_timeout_s)
         logger.info("vw[%d] saved its model to %s", engine.pid, save.target)
 
     def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Tuple[float, str]:

@@ -65,6 +65,22 @@ class ModelSave:
             if os.path.exists(leftover):
                 os.unlink(leftover)
 
+    def clean_up_after(self, engine: Any, saved: bool, command_sent: bool,
+                       limit_s: Optional[float]) -> None:
+        """What a save leaves, removed when it ends however it ends: now when
+        it finished or its command never reached the engine, else once the
+        engine is done (:meth:`clean_up_later`).
+
+        :param engine: the :class:`~subwabbit.engine_process.EngineProcess`
+        :param saved: whether the save finished (the target is in place)
+        :param command_sent: whether any of the save command was written
+        :param limit_s: see :meth:`clean_up_later`
+        """
+        if saved or not command_sent:
+            self.clean_up()
+        else:  # the engine may be saving now (a timeout, an interruption)
+            self.clean_up_later(engine, limit_s)
+
     def clean_up_later(self, engine: Any, limit_s: Optional[float]) -> None:
         """:meth:`clean_up` once the engine is done with this save, on a
         thread of its own: for a save that ended (timed out, cancelled,
