@@ -292,6 +292,18 @@ def test_scalar_text_matches_c_printf_as_vw_uses_it():
     assert engine.scalar_text(-nan) == c_fixed(-nan, 6)
 
 
+def test_scalars_text_is_scalar_text_of_each_value():
+    """The loop's formatting of a group of predictions at once, including the
+    groups that need the value-by-value way (whole numbers, NaNs, infinities)."""
+    rng = random.Random(11)
+    plain = [float32(rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8)) for _ in range(64)]
+    plain = [value for value in plain if not value.is_integer()]
+    nan, inf = float("nan"), float("inf")
+    for values in ([0.25], plain, plain + [1.0], [-0.0] + plain, plain + [nan], [-nan, 0.5],
+                   [inf, 0.5], [0.5, -inf], [1e-7, -1e-7, 0.9999996], [16777216.0, 0.5]):
+        assert engine.scalars_text(values) == "\n".join(map(engine.scalar_text, values)), values
+
+
 @pytest.mark.parametrize("args, expected", [
     (["-p", "stdout", "--quiet", "-i", "m.vw"], (["--quiet", "-i", "m.vw"], b"")),
     (["--predictions=stdout", "--quiet"], (["--quiet"], b"")),

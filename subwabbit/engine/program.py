@@ -188,6 +188,16 @@ def scalar_text(value: float) -> str:
     return "-nan" if math.copysign(1.0, value) < 0 else "nan"
 
 
+def scalars_text(values: List[float]) -> str:
+    """:func:`scalar_text` of each value, one per line (no newline after
+    the last)."""
+    text = ("%.6f\n" * len(values)) % tuple(values)
+    # "n" is in "nan" and "inf" only; whole numbers are printed without decimals.
+    if "n" in text or any(map(float.is_integer, values)):
+        return "\n".join(map(scalar_text, values))
+    return text[:-1]
+
+
 def _raw_tag(text: bytes, index: int) -> str:
     """The tag of the ``index``-th example line of ``text``, from its bytes,
     for tags that are not UTF-8 (which the bindings cannot return): the last
@@ -307,22 +317,24 @@ class OneThreadLoop:
         """
         if text[:1] in (b"", b"\n") and not text.strip(b"\n"):
             return  # no example (the parser would hand back an empty one)
+        if not tagged:
+            self._serve_untagged(self._parse(text), output)
+            return
         tag = ""
         workspace, learn, finish, prediction, tag_of, append = (
             self.workspace, self._learn, self._finish, self._prediction, self._tag, output.append)
         for index, example in enumerate(self._parse(text)):
-            if tagged:
-                try:
-                    tag = tag_of(example)
-                except UnicodeDecodeError:
-                    tag = _raw_tag(text, index)
-                if tag and tag.startswith("save") and self._namespaces(example) <= 1:
-                    # A save command in another shape (features that vw drops, say):
-                    # here it is counted in the engine's statistics, which vw's
-                    # own driver does not do.
-                    self._save(tag.encode("utf-8", "surrogateescape"))
-                    finish(workspace, example)
-                    continue
+            try:
+                tag = tag_of(example)
+            except UnicodeDecodeError:
+                tag = _raw_tag(text, index)
+            if tag and tag.startswith("save") and self._namespaces(example) <= 1:
+                # A save command in another shape (features that vw drops, say):
+                # here it is counted in the engine's statistics, which vw's
+                # own driver does not do.
+                self._save(tag.encode("utf-8", "surrogateescape"))
+                finish(workspace, example)
+                continue
             learn(workspace, example)
             value = prediction(example)
             finish(workspace, example)
@@ -333,6 +345,25 @@ class OneThreadLoop:
             append(f"{number} {tag}" if tag else number)
             if len(output) == _ANSWER_LINES:
                 self._flush(output)
+
+    def _serve_untagged(self, examples: List[Any], output: List[str]) -> None:
+        """Predict examples without tags, writing their predictions every
+        :data:`_ANSWER_LINES`: each group's numbers are formatted in one
+        operation (a tenth less time per line than one at a time)."""
+        workspace, learn, finish, prediction = (
+            self.workspace, self._learn, self._finish, self._prediction)
+        for start in range(0, len(examples), _ANSWER_LINES):
+            values: List[float] = []
+            keep = values.append
+            try:
+                for example in examples[start:start + _ANSWER_LINES]:
+                    learn(workspace, example)
+                    keep(prediction(example))
+                    finish(workspace, example)
+            finally:  # what was predicted before an error is printed, as vw would
+                if values:
+                    output.append(scalars_text(values))
+            self._flush(output)
 
     def _save(self, tag: bytes) -> None:
         """vw's save command: the tag ``save_PATH`` saves to PATH, other
