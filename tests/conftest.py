@@ -2,6 +2,7 @@
 for the same lines read from a file (the ground truth every test compares to)."""
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -269,3 +270,25 @@ def pytest_configure(config: Any) -> None:
     # the warning that such a timeout may be milliseconds is tested on its own
     # (test_upgrade_from_2x), not printed for each run.
     config.addinivalue_line("filterwarnings", r"ignore:predict\(timeout=:UserWarning")
+
+
+class CyclesLeft:
+    """The subwabbit objects that calls made inside ``with`` left in
+    reference cycles (found with ``gc.DEBUG_SAVEALL``): such objects are
+    freed only by the garbage collector, whose pauses fall on later calls.
+    Read :attr:`names` after the block."""
+
+    def __enter__(self) -> "CyclesLeft":
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        self.names: List[str] = []
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            gc.collect()
+            self.names = sorted(type(obj).__qualname__ for obj in gc.garbage
+                                if type(obj).__module__.startswith("subwabbit"))
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()

@@ -10,7 +10,7 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
-from conftest import DictFormatter, common, items, scoring_args
+from conftest import CyclesLeft, DictFormatter, common, items, scoring_args
 
 
 def run(coroutine):
@@ -42,6 +42,22 @@ def test_split_calls_from_many_tasks_each_get_their_own_predictions(trained_mode
 
     stats = run(main())
     assert stats["calls"] == 73
+
+
+def test_calls_leave_no_reference_cycles(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            await pool.predict(common(0), items(3000), timeout=0.005)
+            with CyclesLeft() as cycles:
+                for user in range(4):
+                    got = await pool.predict(common(user), items(3000) * 5, timeout=0.005)
+                    assert got == (truth[trained_model][user] * 5)[:len(got)]
+                    whole = await pool.predict(common(user), items(3000))
+                    assert whole == truth[trained_model][user]
+            return cycles.names
+
+    assert run(main()) == []
 
 
 def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):

@@ -33,13 +33,15 @@ from .exchanges import Parser, _line_joiner, check_item_parts, format_next
 class _Batch:
     """Consecutive items formatted together and dealt to one lane."""
 
-    __slots__ = ("start", "lines", "values", "lane")
+    # No reference to its lane: the lane holds its batches, and a cycle
+    # between them would leave every call's batches to the garbage collector,
+    # whose pauses fall on later calls.
+    __slots__ = ("start", "lines", "values")
 
     def __init__(self, start: int, lines: List[str]) -> None:
         self.start = start          # index of its first item in the request
         self.lines = lines          # its formatted examples
         self.values: List[Any] = []  # predictions received so far, in order
-        self.lane: Optional["Lane"] = None
 
     @property
     def complete(self) -> bool:
@@ -164,7 +166,6 @@ class SplitPredictExchange:
         lane.channel.end(lane.call)
         self.lanes.remove(lane)
         for batch in lane.batches:
-            batch.lane = None
             if not self._cut_off:
                 self._redeal.append(batch)
             else:
@@ -286,7 +287,6 @@ class SplitPredictExchange:
         else:
             lane.call.queue_lines(lines)
         lane.dealt_lines += len(lines)
-        batch.lane = lane
         lane.batches.append(batch)
 
     def _stop_dealing(self) -> None:
