@@ -11,12 +11,27 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
 
-from conftest import (STUBBORN_ENGINE, DictFormatter, children_of_this_process, expected_for,
-                      items, scoring_args)
+from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
+                      common, expected_for, items, scoring_args)
 
 
 def run(coroutine):
     return asyncio.run(coroutine)
+
+
+def test_calls_leave_no_reference_cycles(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model)) as model:
+            await model.predict(common(0), items(3000), timeout=0.005)
+            with CyclesLeft() as cycles:
+                for user in range(3):
+                    got = await model.predict(common(user), items(3000) * 5, timeout=0.005)
+                    assert got == (truth[trained_model][user] * 5)[:len(got)]
+                    assert await model.predict(common(user), items(3000)) == \
+                        truth[trained_model][user]
+            return cycles.names
+
+    assert run(main()) == []
 
 
 @pytest.mark.parametrize("count", [0, 1, 49, 50, 51, 777])

@@ -23,12 +23,32 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
-from conftest import (STUBBORN_ENGINE, DictFormatter, children_of_this_process, expected_for,
-                       expected_scalars, format_lines, open_fds, proc_stat, scoring_args)
+from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
+                       common, expected_for, expected_scalars, format_lines, open_fds, proc_stat,
+                       scoring_args)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 CLASS_IDS = ["blocking", "nonblocking"]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_calls_leave_no_reference_cycles(cls, trained_model, truth):
+    """What a call allocates is freed when it returns, whether it ends at its
+    deadline, is read to the end or is abandoned half-read (the pools have
+    the same test)."""
+    with cls(DictFormatter(), scoring_args(trained_model)) as model:
+        list(model.predict(common(0), _items(3000), timeout=0.005))
+        with CyclesLeft() as cycles:
+            for user in range(3):
+                got = list(model.predict(common(user), _items(3000) * 5, timeout=0.005))
+                assert got == (truth[trained_model][user] * 5)[:len(got)]
+                got = list(model.predict(common(user), _items(3000)))
+                assert got == truth[trained_model][user]
+                half_read = iter(model.predict(common(user), _items(500)))
+                assert next(half_read) == truth[trained_model][user][0]
+                del half_read
+    assert cycles.names == []
 
 
 def _resume(process_id):
