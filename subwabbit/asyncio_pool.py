@@ -23,8 +23,9 @@ from .deadlines import required_seconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitError
-from .nonblocking import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S
-from .pool_base import PoolBase, WaitForEngine, WaitForPipes, close_quietly
+from .nonblocking import DEFAULT_WRITE_CUTOFF_S
+from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
+                        WaitForPipes, close_quietly)
 
 logger = logging.getLogger("subwabbit")
 
@@ -50,8 +51,8 @@ class AsyncVowpalWabbitPool(PoolBase):
     """
 
     def __init__(self, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs,
-                 size: Optional[int] = None, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_pending_lines: int = DEFAULT_MAX_PENDING_LINES,
+                 size: Optional[int] = None, *, batch_size: int = POOL_BATCH_SIZE,
+                 max_pending_lines: int = POOL_MAX_PENDING_LINES,
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S,
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,

@@ -23,8 +23,9 @@ from .deadlines import required_seconds
 from .engine_group import EngineGroup
 from .engine_process import SELECT_FD_LIMIT, EngineProcess
 from .errors import VowpalWabbitError
-from .nonblocking import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S
-from .pool_base import PoolBase, WaitForEngine, WaitForPipes, close_quietly
+from .nonblocking import DEFAULT_WRITE_CUTOFF_S
+from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
+                        WaitForPipes, close_quietly)
 
 logger = logging.getLogger("subwabbit")
 
@@ -56,7 +57,8 @@ class VowpalWabbitPool(PoolBase):
     :param vw_args: engine arguments, typically ``["-i", "model.vw", "-t", "--quiet"]``
     :param size: how many engines (default: the CPUs this process may use)
     :param batch_size: items formatted and sent to one engine at a time
-    :param max_pending_lines: the most lines in flight per engine
+        (:data:`~subwabbit.pool_base.POOL_BATCH_SIZE`, twice a single process's)
+    :param max_pending_lines: the most lines in flight per engine (two batches)
     :param write_cutoff_s: no new batch is sent this long before a deadline
     :param vw_command: the engine command; see :class:`~subwabbit.blocking.VowpalWabbitProcess`
     :param metrics_hook: called with each call's metrics dict when it ends
@@ -88,8 +90,8 @@ class VowpalWabbitPool(PoolBase):
     """
 
     def __init__(self, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs,
-                 size: Optional[int] = None, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_pending_lines: int = DEFAULT_MAX_PENDING_LINES,
+                 size: Optional[int] = None, *, batch_size: int = POOL_BATCH_SIZE,
+                 max_pending_lines: int = POOL_MAX_PENDING_LINES,
                  write_cutoff_s: float = DEFAULT_WRITE_CUTOFF_S,
                  vw_command: Union[str, Sequence[str], None] = None,
                  metrics_hook: Optional[MetricsHook] = None, startup_timeout_s: float = 30.0,

@@ -25,6 +25,7 @@ def test_split_calls_from_many_tasks_each_get_their_own_predictions(trained_mode
             whole = await pool.predict(common(1), items(3000), metrics=metrics)
             assert whole == truth[trained_model][1]
             assert metrics["engines"] == 2
+            assert (pool.batch_size, pool.max_pending_lines) == (100, 200)
 
             async def caller(user, index):
                 size = 50 + (index * 397) % 2950

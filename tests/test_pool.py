@@ -58,6 +58,8 @@ def test_calls_leave_no_reference_cycles(pool, trained_model, truth):
 def test_a_generator_of_items_and_the_default_size(trained_model, truth):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model)) as pool:
         assert pool.size == len(os.sched_getaffinity(0))
+        # Twice a single process's batches and lines in flight (see POOL_BATCH_SIZE).
+        assert (pool.batch_size, pool.max_pending_lines) == (100, 200)
         got = pool.predict(common(3), (item for item in items(1000)))
     assert got == truth[trained_model][3][:1000]
 
