@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -172,6 +173,11 @@ def test_thread_stats_reads_every_thread_of_a_process():
     finally:
         stop.set()
         worker.join()
+    # join() returns when the thread's Python part is done; its task may
+    # linger in /proc for a moment after.
+    give_up = time.monotonic() + 5
+    while worker.native_id in (thread_stats(os.getpid()) or {}) and time.monotonic() < give_up:
+        time.sleep(0.01)
     assert worker.native_id not in (thread_stats(os.getpid()) or {})
     assert thread_stats(2 ** 22 + 1) is None  # no such process
 
