@@ -56,12 +56,37 @@ def test_a_call_split_over_engines_gets_every_answer_in_item_order(lanes):
         == list(range(537))
 
 
+def test_a_step_formats_at_most_one_batch():
+    """However many engines have room: the driver checks the clock between
+    steps, so a slow formatter delays the write cut-off and the deadline by
+    one batch at most (and an event loop waits no longer for its turn)."""
+    formatted = []
+
+    class CountingFormatter(NumberFormatter):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            formatted.append(item_features)
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    exchange = SplitPredictExchange(
+        formatter=CountingFormatter(), common_part="|c", common_features=None,
+        items=range(1000), debug_info=None, parse=parse, batch_size=10,
+        max_in_flight_lines=40, deadline=None)
+    for key in range(3):
+        exchange.add_lane(key, Channel())
+    for steps in range(1, 7):
+        exchange.step(0.0)
+        assert len(formatted) == 10 * steps
+    # The three engines were dealt in turn, each while it had the most room.
+    assert [lane.dealt_lines for lane in exchange.lanes] == [20, 20, 20]
+
+
 def test_results_come_out_as_a_prefix_even_when_a_later_batch_answers_first():
     fast, slow = SimulatedEngine(), SimulatedEngine()
     exchange = _exchange(range(40), batch_size=10, in_flight=10)
     exchange.add_lane("slow", Channel())
     exchange.add_lane("fast", Channel())
-    exchange.step(0.0)  # items 0-9 to one lane, 10-19 to the other
+    exchange.step(0.0)  # items 0-9 to one lane
+    exchange.step(0.0)  # then 10-19 to the other (a batch per step)
     first = {lane.key: lane.batches[0].start for lane in exchange.lanes}
     assert sorted(first.values()) == [0, 10]
     late_lane = next(lane for lane in exchange.lanes if first[lane.key] == 0)

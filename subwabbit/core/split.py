@@ -200,7 +200,8 @@ class SplitPredictExchange:
     # ------------------------------------------------------------- steps
 
     def step(self, now: float) -> List[Any]:
-        """Deal what fits, take what arrived, apply the deadline.
+        """Deal what fits (at most one newly formatted batch), take what
+        arrived, apply the deadline.
 
         :returns: predictions for the next items of the request, in order
         """
@@ -242,9 +243,12 @@ class SplitPredictExchange:
             if room < batch_size:
                 return
             batch = self._format(batch_size)
-            if batch is None:
-                return
-            self._give(lane, batch, batch.lines)
+            if batch is not None:
+                self._give(lane, batch, batch.lines)
+            # One batch formatted per step: the driver checks the clock (the
+            # write cut-off, the deadline) and an event loop gets its turn
+            # between steps, however slow the formatter.
+            return
 
     def _format_example(self, want: int) -> None:
         """A multi-line kind: format ``want`` more items (one step's share, so
