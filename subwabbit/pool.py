@@ -58,7 +58,8 @@ class VowpalWabbitPool(PoolBase):
     :param size: how many engines (default: the CPUs this process may use)
     :param batch_size: items formatted and sent to one engine at a time
         (:data:`~subwabbit.pool_base.POOL_BATCH_SIZE`, twice a single process's)
-    :param max_pending_lines: the most lines in flight per engine (two batches)
+    :param max_pending_lines: the most lines in flight per engine
+        (:data:`~subwabbit.pool_base.POOL_MAX_PENDING_LINES`)
     :param write_cutoff_s: no new batch is sent this long before a deadline
     :param vw_command: the engine command; see :class:`~subwabbit.blocking.VowpalWabbitProcess`
     :param metrics_hook: called with each call's metrics dict when it ends

@@ -45,14 +45,16 @@ SPLIT_MIN_ITEMS = 2 * DEFAULT_BATCH_SIZE
 
 #: Items a pool formats and deals to one engine at a time by default: twice a
 #: single process's batch. A pool's calling thread feeds several engines, and
-#: larger batches cost it less per item; on 2 vCPUs a pool of 2 returned 4% to
-#: 8% more predictions within 10 ms with batches of 100 and up to 200 lines in
-#: flight than with 50 and 100 (6,000 items per request, in-process A/B), and
-#: served 6%, 16% and 32% more predictions per second to 1, 4 and 16
-#: concurrent callers.
+#: larger batches cost it less per item; on 2 vCPUs, with the benchmark's
+#: formatter (about 0.3 us per item), a pool of 2 returned 4% to 8% more
+#: predictions within 10 ms with batches of 100 and up to 200 lines in flight
+#: than with 50 and 100 (6,000 items per request, in-process A/B), and served
+#: 6%, 16% and 32% more predictions per second to 1, 4 and 16 concurrent
+#: callers; with a formatter of 5 us per item the two did alike. A call may
+#: overrun its deadline by one batch's formatting.
 POOL_BATCH_SIZE = 2 * DEFAULT_BATCH_SIZE
 
-#: The most lines a pool keeps in flight per engine by default (two batches).
+#: The most lines a pool keeps in flight per engine by default (two default batches).
 POOL_MAX_PENDING_LINES = 2 * POOL_BATCH_SIZE
 
 

@@ -159,6 +159,24 @@ def test_loop_prints_what_vw_prints_for_untagged_lines(args, tmp_path):
     assert loop[1].count(b"\n") == 6000
 
 
+@pytest.mark.parametrize("args", ["--quiet", "--quiet --link logistic", "--quiet --binary"])
+def test_loop_predicts_what_vw_predicts_for_untagged_lines_of_a_trained_model(args, tmp_path):
+    """The same path with a trained model, whose predictions differ from line
+    to line: an answer given to another line shows (an untrained model
+    predicts one constant for every line)."""
+    trained = run_engine("--quiet --loss_function logistic -q ab -f DIR/model.vw".split(),
+                         corpus(), str(tmp_path / "train"), from_file=True)
+    assert trained[0] == 0
+    model = tmp_path / "model.vw"
+    model.write_bytes(trained[2]["model.vw"])
+    vw, loop = file_and_stdin(args.split() + ["-t", "-i", str(model)], untagged_corpus(),
+                              tmp_path)
+    assert vw[0] == 0 and loop[0] == 0
+    assert loop[1] == vw[1]
+    distinct = len(set(vw[1].split(b"\n")))
+    assert distinct > (2 if "--binary" in args else 1000)
+
+
 def test_untagged_tells_lines_without_label_or_tag():
     untagged = engine._untagged  # pylint: disable=protected-access
     assert untagged(b"|a x\n|b y\n") and untagged(b"|a x\n|b y") and untagged(b"|a x")
