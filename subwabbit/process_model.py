@@ -158,9 +158,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._turn = threading.Condition(threading.Lock())
         #: (thread id, token) of calls waiting for the process, oldest first
         self._turn_queue: Deque[Tuple[int, object]] = collections.deque()
-        #: an engine close() killed under a call that still held the process:
-        #: that call closes it when it ends its turn (guarded by _turn)
-        self._close_at_turn_end: Optional[EngineProcess] = None
         self._adopt(self._start_engine())
 
     def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None,
@@ -288,18 +285,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return began + self.io_timeout_s
 
     def _end_turn(self, token: object) -> None:
-        engine = None
         with self._turn:
             if self._holder is not None and self._holder[1] is token:
-                engine, self._close_at_turn_end = self._close_at_turn_end, None
                 # Hand the process to the oldest waiter (see _wait_for_turn).
                 self._holder = self._turn_queue.popleft() if self._turn_queue else None
                 self._turn.notify_all()
-        if engine is not None:  # killed by close() while this call held it
-            try:
-                engine.close(5.0)
-            except VowpalWabbitError as exc:
-                logger.debug("closing the vw engine that close() killed: %s", exc)
 
     def _busy_error(self, waited: float) -> VowpalWabbitBusyError:
         return VowpalWabbitBusyError(
@@ -744,10 +734,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """Stop the engine: close its input so that it finishes (and writes a
         ``-f`` model), then SIGTERM and SIGKILL it if it has not exited near
         the end of ``timeout``. Returns within ``timeout`` seconds (another
-        thread's running call is given half of it to finish first; if it
-        still holds the process after that, its engine is killed and its
-        pipes are left to it, closed when it ends). Closing twice is
-        harmless. In a forked child it only lets go of the parent's engine.
+        thread's running call is given half of it to finish first). Closing
+        twice is harmless. In a forked child it only lets go of the parent's
+        engine.
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
@@ -765,32 +754,22 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                            self)
             self._engine.kill()
             held = self._wait_for_turn(token, began + timeout * 0.75)
+            # If it still holds on, its engine's pipes are closed under it: its
+            # call was ended (_abandon_channel) and a closed EngineProcess
+            # refuses to read or write, which leaves only the instant between
+            # that check and the system call (the pools leave such pipes to
+            # the call instead: Slot.close_on_return).
         try:
             self._closed = True
             self._abandon_channel("the process was closed")
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
-            if self._engine is not None and not (not held and self._leave_to_holder()):
+            if self._engine is not None:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
         finally:
             if held:
                 self._end_turn(token)
-
-    def _leave_to_holder(self) -> bool:
-        """At close, when a call still holds the process after its engine was
-        killed: leave the engine's pipes to that call, which closes them when
-        it ends its turn. Closed under it, their descriptor numbers could go to
-        another pipe (another engine's, in a service) between the call's check
-        that its engine is open and its next read or write.
-
-        :returns: whether a call holds the process (else close it now)
-        """
-        with self._turn:
-            if self._holder is None:
-                return False
-            self._close_at_turn_end = self._engine
-            return True
 
     def __enter__(self) -> "VowpalWabbitProcessModel":
         return self
@@ -814,7 +793,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._turn = threading.Condition(threading.Lock())
         self._turn_queue = collections.deque()
         self._holder = None
-        self._close_at_turn_end = None  # the parent's
         if self._engine is not None:
             self._engine.abandon_in_fork()
         if self._replacement is not None:

@@ -25,7 +25,7 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                        common, expected_for, expected_scalars, format_lines, open_fds, proc_stat,
-                       process_gone, scoring_args)
+                       scoring_args)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
@@ -485,67 +485,6 @@ def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_mo
     thread.join(10)
     assert isinstance(outcome.get("error"), VowpalWabbitError)
     assert engine_pid not in children_of_this_process()
-
-
-class _HeldFormatter(DictFormatter):
-    """Stops before its 101st item until ``resume`` is set: the call holds the
-    process meanwhile."""
-
-    def __init__(self):
-        super().__init__()
-        self.reached, self.resume = threading.Event(), threading.Event()
-        self.formatted = 0
-
-    def format_item_features(self, common_features, item_features, debug_info=None):
-        self.formatted += 1
-        if self.formatted == 101:
-            self.reached.set()
-            self.resume.wait(30)
-        return super().format_item_features(common_features, item_features, debug_info)
-
-
-def _pipe_inode(fd):
-    try:
-        return os.fstat(fd).st_ino
-    except OSError:
-        return None
-
-
-@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
-def test_close_leaves_the_pipes_of_a_call_that_still_holds_the_process_to_it(
-        cls, trained_model, truth):
-    """close() cannot wait for a call stuck in its formatter. Were the engine's
-    descriptors closed under it, their numbers could go to the next pipe
-    opened (another engine's, in a service) between the call's check that its
-    engine is open and its next read or write: they stay the call's until it
-    ends, and are closed then."""
-    formatter = _HeldFormatter()
-    model = cls(formatter, scoring_args(trained_model))
-    engine = model._engine  # pylint: disable=protected-access
-    fds = {fd: _pipe_inode(fd) for fd in (engine.stdin_fd, engine.stdout_fd)}
-    outcome = {}
-
-    def call():
-        try:
-            outcome["got"] = list(model.predict(common(1), _items(400)))
-        except VowpalWabbitError as exc:
-            outcome["raised"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    try:
-        assert formatter.reached.wait(10)
-        began = time.perf_counter()
-        model.close(timeout=0.2)
-        assert time.perf_counter() - began < 0.2 + 0.5
-        assert {fd: _pipe_inode(fd) for fd in fds} == fds  # still the call's pipes
-    finally:
-        formatter.resume.set()
-        thread.join(30)
-    assert not thread.is_alive()
-    assert "raised" in outcome, outcome  # its engine was killed under it
-    assert all(_pipe_inode(fd) != inode for fd, inode in fds.items())  # closed once it ended
-    assert process_gone(engine.pid)  # and reaped
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
