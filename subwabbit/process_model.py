@@ -70,7 +70,11 @@ class _Replacement:
                     self._old.close(_FAILED_ENGINE_CLOSE_S)
                 except VowpalWabbitError as exc:
                     logger.debug("the replaced vw engine failed: %s", exc)
-            self.engine = self._start(self._spawned_engine)
+            engine = self._start(self._spawned_engine)
+            if self._cancelled:  # cancel() may have stopped waiting for this thread
+                engine.abort()
+            else:
+                self.engine = engine
         except BaseException as exc:  # pylint: disable=broad-except
             self.error = exc
             logger.warning("starting a replacement vw engine failed: %s", exc)
@@ -172,6 +176,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return engine
 
     def _adopt(self, engine: EngineProcess) -> None:
+        if self._closed:
+            # close() ran while this engine started (a restart or a call's
+            # replacement held the process, and close() could not wait for it):
+            # the engine must not outlive the object.
+            engine.abort()
+            raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
+                                    "started")
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
         self._channel = self._new_channel()

@@ -22,6 +22,7 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+from subwabbit.command import default_engine_command
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                        common, expected_for, expected_scalars, format_lines, open_fds, proc_stat,
@@ -485,6 +486,45 @@ def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_mo
     thread.join(10)
     assert isinstance(outcome.get("error"), VowpalWabbitError)
     assert engine_pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(cls, tmp_path):
+    """close() cannot wait for a restart() whose engine is slow to start; the
+    engine that start gives must not be adopted by the closed object (it ran,
+    unowned, after close() had returned)."""
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_start.py"
+    wrapper.write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(1.5)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    command = [sys.executable, str(wrapper)] + default_engine_command()
+    model = cls(VowpalWabbitDummyFormatter(), ["--quiet"], vw_command=command)
+    before = set(children_of_this_process())  # its first engine among them
+    flag.write_text("")
+    outcome = {}
+
+    def restart():
+        try:
+            model.restart()
+            outcome["restarted"] = True
+        except VowpalWabbitError as exc:
+            outcome["raised"] = exc
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    time.sleep(0.3)  # the new engine is starting
+    began = time.perf_counter()
+    model.close(timeout=0.5)
+    assert time.perf_counter() - began < 0.5 + 0.2
+    thread.join(30)
+    assert "raised" in outcome and "closed" in str(outcome["raised"]), outcome
+    until = time.time() + 10
+    while time.time() < until and set(children_of_this_process()) - before:
+        time.sleep(0.05)
+    assert set(children_of_this_process()) - before == set()
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
