@@ -210,6 +210,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
             logger.exception("closing the vw engine failed while another exception propagated")
 
     def _adopt(self, engine: EngineProcess) -> None:
+        if self._closed:
+            # close() ran while this engine started (it does not wait for a
+            # restart's start): the engine must not outlive the object.
+            engine.abort()
+            raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
+                                    "started")
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
         self._channel = self._new_channel()

@@ -186,9 +186,9 @@ class VowpalWabbitPool(PoolBase):
                     _wait_for_lanes(wait.lanes, wait.until)
                 elif type(wait) is WaitForEngine:  # pylint: disable=unidiomatic-typecheck
                     self._wait_for_change(wait.version, wait.until)
-                elif self._roster.waiting:
-                    # A turn to give: calls waiting for an engine need the
-                    # interpreter lock to return by their deadlines.
+                elif self._roster.calls + self._roster.waiting > 1:
+                    # A turn to give: the other calls (running, or waiting for
+                    # an engine) need the interpreter lock to keep their deadlines.
                     time.sleep(0)
                 wait = next(flow)
         except StopIteration as finished:

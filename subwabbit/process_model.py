@@ -73,6 +73,8 @@ class _Replacement:
             engine = self._start(self._spawned_engine)
             if self._cancelled:  # cancel() may have stopped waiting for this thread
                 engine.abort()
+                self.error = VowpalWabbitError("the process was closed while its replacement "
+                                               "engine started")
             else:
                 self.engine = engine
         except BaseException as exc:  # pylint: disable=broad-except
@@ -382,7 +384,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._replacement = None
         if replacement.error is not None:
             raise replacement.error
-        assert replacement.engine is not None
+        if replacement.engine is None:  # cancelled by close() as it finished
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
         self._adopt(replacement.engine)
         self._broken = None
         self._restart_count += 1

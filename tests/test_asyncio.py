@@ -11,12 +11,45 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
 
+from subwabbit.command import default_engine_command
+
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                       common, expected_for, items, scoring_args)
 
 
 def run(coroutine):
     return asyncio.run(coroutine)
+
+
+def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(tmp_path):
+    """close() does not wait for a restart() whose engine is slow to start;
+    the closed object must not adopt the engine that start gives."""
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_start.py"
+    wrapper.write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(1.0)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(
+            VowpalWabbitDummyFormatter(), ["--quiet"],
+            vw_command=[sys.executable, str(wrapper)] + default_engine_command())
+        await model.start()
+        before = set(children_of_this_process())  # its first engine among them
+        flag.write_text("")
+        restart = asyncio.ensure_future(model.restart())
+        await asyncio.sleep(0.3)  # the new engine is starting
+        await model.close(timeout=0.5)
+        with pytest.raises(VowpalWabbitError, match="closed"):
+            await restart
+        until = time.monotonic() + 10
+        while time.monotonic() < until and set(children_of_this_process()) - before:
+            await asyncio.sleep(0.05)
+        return set(children_of_this_process()) - before
+
+    assert run(main()) == set()
 
 
 def test_calls_leave_no_reference_cycles(trained_model, truth):

@@ -527,6 +527,47 @@ def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(cls,
     assert set(children_of_this_process()) - before == set()
 
 
+def test_a_call_waiting_for_a_replacement_that_close_cancelled_raises_vowpal_wabbit_error():
+    """The nonblocking class starts a failed engine's replacement in the
+    background; close() cancels it. A replacement that finished starting
+    just then is stopped, and the call waiting for it gets the library's
+    error (it got an AssertionError)."""
+
+    class SlowToFinishStarting(VowpalWabbitNonBlockingProcess):
+        slow = False
+
+        def _after_start(self, engine):
+            super()._after_start(engine)
+            if SlowToFinishStarting.slow:
+                time.sleep(1.0)  # started and checked: only the hand-over is left
+
+    model = SlowToFinishStarting(VowpalWabbitDummyFormatter(), ["--quiet"],
+                                 restart_on_crash=True)
+    os.kill(model.pid, signal.SIGKILL)
+    with pytest.raises(VowpalWabbitError):
+        list(model.predict("", ["| a"] * 50000))  # reports the crash
+    before = set(children_of_this_process())
+    SlowToFinishStarting.slow = True
+    outcome = {}
+
+    def call():
+        try:
+            outcome["got"] = list(model.predict("", ["| a"]))
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["raised"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.3)  # the replacement is starting
+    model.close(timeout=1.0)
+    thread.join(30)
+    assert isinstance(outcome.get("raised"), VowpalWabbitError), outcome
+    until = time.time() + 10
+    while time.time() < until and set(children_of_this_process()) - before:
+        time.sleep(0.05)
+    assert set(children_of_this_process()) - before == set()
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
 def test_hook_hears_of_a_train_call_that_failed(cls):
     hooked = []
