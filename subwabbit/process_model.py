@@ -178,7 +178,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return engine
 
     def _adopt(self, engine: EngineProcess) -> None:
-        if self._closed:
+        with self._turn:  # against close(), which marks the object closed under it
+            closed = self._closed
+            if not closed:
+                self._engine = engine
+        if closed:
             # close() ran while this engine started (a restart or a call's
             # replacement held the process, and close() could not wait for it):
             # the engine must not outlive the object.
@@ -411,10 +415,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._engine.add_context(exc)
         self._broken = exc
         logger.debug("the vw engine of %r failed: %s", self, exc.message)
-        if self.restart_on_crash and self._background_restarts and self._replacement is None \
-                and not self._closed:
-            old, self._engine = self._engine, None
-            self._replacement = _Replacement(self._start_engine, old)
+        with self._turn:  # against close(), which marks the object closed under it
+            if self.restart_on_crash and self._background_restarts \
+                    and self._replacement is None and not self._closed:
+                old, self._engine = self._engine, None
+                self._replacement = _Replacement(self._start_engine, old)
 
     def _drive(self, engine: EngineProcess, exchange: Exchange,
                detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:
@@ -774,7 +779,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             # that check and the system call (the pools leave such pipes to
             # the call instead: Slot.close_on_return).
         try:
-            self._closed = True
+            with self._turn:  # an engine being adopted is either seen below or refused
+                self._closed = True
             self._abandon_channel("the process was closed")
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
