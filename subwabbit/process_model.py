@@ -190,7 +190,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
                                     "started")
         self._abandon_channel("the process moved to another engine")
-        self._engine = engine
         self._channel = self._new_channel()
         self._owner_pid = engine.owner_pid
 
@@ -388,8 +387,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._replacement = None
         if replacement.error is not None:
             raise replacement.error
-        if replacement.engine is None:  # cancelled by close() as it finished
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        assert replacement.engine is not None  # else _run recorded an error
         self._adopt(replacement.engine)
         self._broken = None
         self._restart_count += 1
