@@ -292,3 +292,19 @@ class CyclesLeft:
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
+
+
+def slow_starting_engine(tmp_path: Any, seconds: float) -> "tuple[Any, List[str]]":
+    """An engine command that starts ``seconds`` late while a flag file
+    exists, then runs the wheel's engine.
+
+    :returns: the flag's path (create it to slow the next starts) and the command
+    """
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_start.py"
+    wrapper.write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        f"    time.sleep({seconds!r})\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    return flag, [sys.executable, str(wrapper)] + default_engine_command()

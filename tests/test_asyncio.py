@@ -11,10 +11,8 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
 
-from subwabbit.command import default_engine_command
-
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
-                      common, expected_for, items, scoring_args)
+                      common, expected_for, items, scoring_args, slow_starting_engine)
 
 
 def run(coroutine):
@@ -24,18 +22,11 @@ def run(coroutine):
 def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(tmp_path):
     """close() does not wait for a restart() whose engine is slow to start;
     the closed object must not adopt the engine that start gives."""
-    flag = tmp_path / "slow"
-    wrapper = tmp_path / "slow_start.py"
-    wrapper.write_text(
-        "import os, sys, time\n"
-        f"if os.path.exists({str(flag)!r}):\n"
-        "    time.sleep(1.0)\n"
-        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    flag, command = slow_starting_engine(tmp_path, 1.0)
 
     async def main():
-        model = AsyncVowpalWabbitProcess(
-            VowpalWabbitDummyFormatter(), ["--quiet"],
-            vw_command=[sys.executable, str(wrapper)] + default_engine_command())
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"],
+                                         vw_command=command)
         await model.start()
         before = set(children_of_this_process())  # its first engine among them
         flag.write_text("")

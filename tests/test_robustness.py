@@ -22,11 +22,10 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
-from subwabbit.command import default_engine_command
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                        common, expected_for, expected_scalars, format_lines, open_fds, proc_stat,
-                       scoring_args)
+                       scoring_args, slow_starting_engine)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
@@ -493,14 +492,7 @@ def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(cls,
     """close() cannot wait for a restart() whose engine is slow to start; the
     engine that start gives must not be adopted by the closed object (it ran,
     unowned, after close() had returned)."""
-    flag = tmp_path / "slow"
-    wrapper = tmp_path / "slow_start.py"
-    wrapper.write_text(
-        "import os, sys, time\n"
-        f"if os.path.exists({str(flag)!r}):\n"
-        "    time.sleep(1.5)\n"
-        "os.execv(sys.argv[1], sys.argv[1:])\n")
-    command = [sys.executable, str(wrapper)] + default_engine_command()
+    flag, command = slow_starting_engine(tmp_path, 1.5)
     model = cls(VowpalWabbitDummyFormatter(), ["--quiet"], vw_command=command)
     before = set(children_of_this_process())  # its first engine among them
     flag.write_text("")
