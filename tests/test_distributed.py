@@ -25,7 +25,7 @@ from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbi
 from subwabbit.distributed import DistributedTrainingError, Rendezvous, run_job, train
 from subwabbit.distributed import job as job_module
 from subwabbit.distributed.args import check_user_args, node_args, passes
-from subwabbit.distributed.rendezvous import CONTROL_MAGIC
+from subwabbit.distributed.rendezvous import CONTROL_MAGIC, FAILED, encode_message
 from subwabbit.distributed.tree import chain_layout, tree_depth, tree_layout
 
 distributed = pytest.importorskip("distributed")
@@ -319,6 +319,30 @@ def test_an_engine_lost_after_its_kid_count_fails_the_job_naming_it():
             rendezvous.wait(0.05)
         assert rendezvous.failure is not None and rendezvous.failure[0] == parent
         assert rendezvous.tree_formed_at is None
+        for task in tasks:
+            task.sock.close()
+
+
+def test_a_failed_job_reports_what_each_node_was_doing_when_it_failed():
+    """Not what the abort made of them: a node the abort stopped reports a
+    failure of its own a moment later, and the job's error must not depend on
+    whether that came before it was raised (it did, now and then, in
+    test_a_node_that_never_reaches_the_rendezvous_times_the_job_out)."""
+    with Rendezvous(21, 2) as rendezvous:
+        tasks = [FakeTask(rendezvous, 21, node) for node in range(2)]
+        tasks[1].sock.sendall(b"F")  # node 1 wrote its shard; node 0 is still writing
+        deadline = time.monotonic() + 5
+        while rendezvous.snapshot()[1].fed_at is None and time.monotonic() < deadline:
+            rendezvous.wait(0.01)
+        rendezvous.fail(None, "the job did not finish within timeout_s=3")
+        tasks[1].sock.sendall(encode_message(FAILED, "stopped: the job was aborted"))
+        while rendezvous.snapshot()[1].failure is None and time.monotonic() < deadline:
+            rendezvous.wait(0.01)
+        assert rendezvous.snapshot()[1].failure is not None  # the abort's report arrived
+        error = job_module._job_error(rendezvous)  # pylint: disable=protected-access
+        assert error.node_states == [
+            "node 0: was writing its shard",
+            "node 1: had written its shard; its engine had not reached the rendezvous"]
         for task in tasks:
             task.sock.close()
 

@@ -301,7 +301,9 @@ def _task_failure(future: Any, status: str) -> str:
 def _job_error(rendezvous: Rendezvous) -> DistributedTrainingError:
     assert rendezvous.failure is not None
     node, reason = rendezvous.failure
-    states = [f"node {state.node}: {state.describe()}" for state in rendezvous.snapshot()]
+    # What each node was doing when the job failed, not after the abort (a
+    # node stopped by it reports a failure of its own soon after).
+    states = [f"node {state.node}: {state.describe()}" for state in rendezvous.states_at_failure]
     if node is None:
         message = f"distributed training failed: {reason}"
     else:

@@ -185,6 +185,9 @@ class Rendezvous:
         self.tree_formed_at: Optional[float] = None
         #: ``(node or None, message)`` of the first failure
         self.failure: Optional[Tuple[Optional[int], str]] = None
+        #: every node's state when the first failure was recorded (before the
+        #: abort it sets off changes them)
+        self.states_at_failure: List[NodeState] = []
         self._engines: Dict[int, _Connection] = {}
         self._controls: Dict[int, _Connection] = {}
         self._connections: List[_Connection] = []
@@ -600,6 +603,7 @@ class Rendezvous:
             self.nodes[node].failure = message
         if self.failure is None:
             self.failure = (node, message)
+            self.states_at_failure = [dataclasses.replace(state) for state in self.nodes]
             logger.warning("AllReduce job %d failed: %s", self.unique_id, self._failure_text())
         self._changed.notify_all()
 
