@@ -168,6 +168,8 @@ class VowpalWabbitPool(PoolBase):
             ``waited_for_other_call`` (1 when no engine was free at first),
             ``engines`` (how many engines served the call),
             ``engine_failures`` (engines that failed during it),
+            ``hedged_lines`` (lines dealt a second time, to an engine with
+            nothing left to do, when another held them up),
             ``model_generation`` (the :attr:`~subwabbit.pool_base.PoolBase.generation`
             that served it; ``None`` if no engine did) and ``restarts`` (1 when
             the call started the pool's engines after a fork)

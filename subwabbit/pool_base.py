@@ -219,6 +219,7 @@ class PoolBase(ClientBase):
         if metrics is not None:
             metrics["engines"] = 0
             metrics["engine_failures"] = 0
+            metrics["hedged_lines"] = 0
             metrics["model_generation"] = None
         return metrics
 
@@ -231,6 +232,7 @@ class PoolBase(ClientBase):
             metrics["engines"] = engines
             if exchange is not None:
                 metrics["engine_failures"] = exchange.failed_lanes
+                metrics["hedged_lines"] = exchange.hedged_lines
         self._finish_call("predict", metrics)
 
     @staticmethod

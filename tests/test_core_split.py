@@ -7,6 +7,7 @@ hands out the longest answered prefix in item order, and nothing an ended or
 failed lane left behind reaches another call.
 """
 
+import collections
 import random
 
 import pytest
@@ -19,11 +20,12 @@ from subwabbit.errors import VowpalWabbitTimeoutError
 from test_core import NumberFormatter, SimulatedEngine, parse, pump
 
 
-def _exchange(items, *, deadline=None, batch_size=10, in_flight=20, cutoff=0.0, idle_s=None):
+def _exchange(items, *, deadline=None, batch_size=10, in_flight=20, cutoff=0.0, idle_s=None,
+              hedge=True):
     return SplitPredictExchange(
         formatter=NumberFormatter(), common_part="|c", common_features=None, items=items,
         debug_info=None, parse=parse, batch_size=batch_size, max_in_flight_lines=in_flight,
-        deadline=deadline, write_cutoff_s=cutoff, idle_s=idle_s)
+        deadline=deadline, write_cutoff_s=cutoff, idle_s=idle_s, hedge=hedge)
 
 
 def _run(exchange, engines, now=0.0, steps=100000, rng=None, on_step=None):
@@ -50,10 +52,12 @@ def test_a_call_split_over_engines_gets_every_answer_in_item_order(lanes):
     for key in engines:
         exchange.add_lane(key, Channel())
     assert _run(exchange, engines, rng=rng) == list(range(537))
-    # Every engine did part of the work, in batches dealt in item order.
+    # Every engine did part of the work, in batches dealt in item order; a
+    # line reached two engines only when its batch was hedged.
     assert all(engine.lines_seen for engine in engines.values())
-    assert sorted(int(line.split()[-1]) for e in engines.values() for line in e.lines_seen) \
-        == list(range(537))
+    seen = [int(line.split()[-1]) for e in engines.values() for line in e.lines_seen]
+    assert sorted(set(seen)) == list(range(537))
+    assert len(seen) - 537 <= exchange.hedged_lines
 
 
 def test_a_step_formats_at_most_one_batch():
@@ -82,12 +86,12 @@ def test_a_step_formats_at_most_one_batch():
 
 def test_results_come_out_as_a_prefix_even_when_a_later_batch_answers_first():
     fast, slow = SimulatedEngine(), SimulatedEngine()
-    exchange = _exchange(range(40), batch_size=10, in_flight=10)
+    exchange = _exchange(range(40), batch_size=10, in_flight=10, hedge=False)
     exchange.add_lane("slow", Channel())
     exchange.add_lane("fast", Channel())
     exchange.step(0.0)  # items 0-9 to one lane
     exchange.step(0.0)  # then 10-19 to the other (a batch per step)
-    first = {lane.key: lane.batches[0].start for lane in exchange.lanes}
+    first = {lane.key: lane.shares[0].batch.start for lane in exchange.lanes}
     assert sorted(first.values()) == [0, 10]
     late_lane = next(lane for lane in exchange.lanes if first[lane.key] == 0)
     early_lane = next(lane for lane in exchange.lanes if first[lane.key] == 10)
@@ -96,7 +100,7 @@ def test_results_come_out_as_a_prefix_even_when_a_later_batch_answers_first():
     for _ in range(50):
         pump(early_lane.channel, fast)
         assert exchange.step(0.0) == []
-    assert early_lane.drained or early_lane.batches[0].start != 10  # it did answer
+    assert early_lane.drained or early_lane.shares[0].batch.start != 10  # it did answer
     assert _run(exchange, engines) == list(range(40))
 
 
@@ -134,6 +138,28 @@ def test_the_write_cutoff_drops_unsent_lines_and_ends_the_results_before_them():
     assert got == list(range(len(got)))
     assert 0 < len(got) < 1000
     assert not exchange.timed_out  # everything that was sent got answered
+
+
+def test_the_write_cutoff_forgets_what_a_silent_engine_never_took():
+    """At the cut-off, the lines an engine has not taken are forgotten: the
+    call ends, before its deadline, with the answers of the lines that
+    reached an engine, up to the first forgotten one."""
+    engines = {"a": SimulatedEngine(), "b": SimulatedEngine()}
+    exchange = _exchange(range(100), deadline=10.0, cutoff=1.0, batch_size=10, in_flight=20,
+                         hedge=False)
+    lanes = {key: exchange.add_lane(key, Channel()) for key in engines}
+    got = []
+    for _ in range(5):  # b's engine takes nothing
+        got += exchange.step(0.0)
+        pump(lanes["a"].channel, engines["a"])
+    first_of_b = lanes["b"].shares[0].batch.start
+    for _ in range(100):
+        got += exchange.step(9.5)  # past the cut-off
+        if exchange.done:
+            break
+        pump(lanes["a"].channel, engines["a"])
+    assert exchange.done and not exchange.timed_out
+    assert got == list(range(first_of_b))
 
 
 def test_the_deadline_ends_the_call_with_the_prefix_it_has():
@@ -266,3 +292,166 @@ def test_lanes_wanted_splits_only_requests_worth_it():
     assert lanes_wanted(SPLIT_MIN_ITEMS - 1, share=4, held=1) == 0
     assert lanes_wanted(None, share=4, held=1) == 3
     assert lanes_wanted(10000, share=2, held=2) == 0
+
+
+def _run_paced(exchange, engines, every, steps, tick=1e-4):
+    """Step ``exchange``, pumping each lane every ``every[key]`` steps (a lane
+    pumped every third step answers at a third of the pace; ``0``: its engine
+    takes the lines and answers nothing); the clock advances ``tick`` per step."""
+    got = []
+    for step in range(steps):
+        got += exchange.step(step * tick)
+        if exchange.done:
+            break
+        for lane in list(exchange.lanes):
+            if not every[lane.key]:
+                lane.channel.write_with(engines[lane.key].write)
+            elif step % every[lane.key] == 0:
+                pump(lane.channel, engines[lane.key])
+    return got
+
+
+def _answered_not_handed_out(exchange):
+    return sum(len(batch.values) for batch in exchange._order) - exchange._handed
+
+
+@pytest.mark.parametrize("pace", [True, False])
+def test_a_lane_is_dealt_by_its_pace_so_a_slow_one_holds_little_back(pace):
+    """One engine answers at a third of the other's pace. Dealt alike, the
+    fast one races ahead of the slow one's batch and its answers wait; dealt
+    by pace, the slow one gets smaller batches and fewer lines in flight."""
+    engines = {"fast": SimulatedEngine(), "slow": SimulatedEngine()}
+    exchange = _exchange(range(100000), batch_size=40, in_flight=80, hedge=False)
+    exchange._pace = pace
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    waiting, sizes = [], []
+    give = exchange._give
+
+    def record(lane, batch, first):
+        if lane.key == "slow":
+            sizes.append(len(batch.lines) - first)
+        give(lane, batch, first)
+
+    exchange._give = record
+    got = []
+    for step in range(3000):
+        got += exchange.step(step * 1e-4)
+        waiting.append(_answered_not_handed_out(exchange))
+        for lane in exchange.lanes:
+            if lane.key == "fast" or step % 3 == 0:
+                pump(lane.channel, engines[lane.key])
+    assert got == list(range(len(got)))
+    sizes = sizes[len(sizes) // 2:]
+    late = sum(waiting[1000:]) / len(waiting[1000:])
+    if pace:
+        assert sizes and max(sizes) <= 40 * 2 // 3
+        assert late < 40
+    else:
+        assert sizes and max(sizes) == 40
+        assert late > 60
+
+
+@pytest.mark.parametrize("answering", [1, 2])
+def test_once_no_item_is_left_an_idle_lane_takes_over_a_silent_lanes_batches(answering):
+    engines = {"silent": SimulatedEngine()}
+    engines.update((key, SimulatedEngine()) for key in "ab"[:answering])
+    channels = {key: Channel() for key in engines}
+    exchange = _exchange(range(100), batch_size=10, in_flight=20)
+    for key in engines:
+        exchange.add_lane(key, channels[key])
+    every = {key: 1 for key in engines}
+    every["silent"] = 0
+    got = _run_paced(exchange, engines, every, 1000)
+    assert exchange.done and not exchange.timed_out
+    assert got == list(range(100))
+    owed = channels["silent"].in_flight_lines
+    assert owed >= 10 and exchange.hedged_lines >= owed
+    # A batch is dealt again once at most: no line reached three engines.
+    for key, channel in channels.items():
+        while channel.unwritten_bytes:
+            channel.write_with(engines[key].write)
+    seen = collections.Counter(line for engine in engines.values() for line in engine.lines_seen)
+    assert set(seen.values()) <= {1, 2} and sum(seen.values()) == 100 + exchange.hedged_lines
+    exchange.end()
+    # What the silent engine owes goes to nobody when it answers at last.
+    assert channels["silent"].stale_lines == owed
+    second = _exchange(range(500, 560), batch_size=10, in_flight=20)
+    second.add_lane("silent", channels["silent"])
+    assert _run(second, {"silent": engines["silent"]}) == list(range(500, 560))
+
+
+def test_without_hedging_a_silent_lane_holds_the_call_up():
+    engines = {"a": SimulatedEngine(), "silent": SimulatedEngine()}
+    exchange = _exchange(range(100), batch_size=10, in_flight=20, hedge=False)
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    got = _run_paced(exchange, engines, {"a": 1, "silent": 0}, 1000)
+    assert not exchange.done and got == list(range(len(got))) and len(got) < 100
+
+
+def test_a_failed_lane_whose_batch_was_hedged_is_not_dealt_again():
+    engines = {"a": SimulatedEngine(), "b": SimulatedEngine()}
+    exchange = _exchange(range(40), batch_size=10, in_flight=20)
+    lanes = {key: exchange.add_lane(key, Channel()) for key in engines}
+    # Every item is dealt, 20 lines to each engine, and nothing is answered.
+    _run_paced(exchange, engines, {"a": 0, "b": 0}, 10)
+    assert [lane.dealt_lines for lane in lanes.values()] == [20, 20]
+    first = exchange._order[0]
+    holder, other = (("a", "b") if any(share.batch is first for share in lanes["a"].shares)
+                     else ("b", "a"))
+    while lanes[other].channel.in_flight_lines:  # the other engine answers its two batches
+        pump(lanes[other].channel, engines[other])
+    got = exchange.step(1.0)  # finds no item left and deals the first batch again
+    assert exchange.hedged_lines == 10 and lanes[other].dealt_lines == 30
+    exchange.fail_lane(lanes[holder])
+    # Only the failed engine's second batch is dealt again: its first one
+    # is owed by the other engine already.
+    got += _run(exchange, {other: engines[other]}, now=2.0)
+    assert got == list(range(40))
+    assert lanes[other].dealt_lines == 40 and exchange.failed_lanes == 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_call_gets_a_prefix_of_its_own_answers_whatever_the_engines_do(seed):
+    """Random paces, silent engines, failures, write cut-offs and deadlines:
+    what a call hands out is always a prefix of its own items' answers, and
+    the next call on every engine gets exactly its own."""
+    rng = random.Random(seed)
+    count = rng.randint(1, 400)
+    keys = list(range(rng.randint(1, 4)))
+    engines = {key: SimulatedEngine(rng=random.Random(seed * 10 + key)) for key in keys}
+    channels = {key: Channel() for key in keys}
+    deadline = rng.choice([None, rng.uniform(0.0, 0.06)])
+    exchange = _exchange(range(count), deadline=deadline, batch_size=rng.randint(1, 30),
+                         in_flight=rng.randint(1, 80), cutoff=rng.choice([0.0, 0.005]))
+    exchange._pace = rng.random() < 0.8
+    for key in keys:
+        exchange.add_lane(key, channels[key])
+    every = {key: rng.choice([0, 1, 1, 2, 3, 7]) for key in keys}
+    if not any(every.values()):
+        every[keys[0]] = 1
+    failures = {key for key in keys[1:] if rng.random() < 0.3}
+    got = []
+    for step in range(3000):
+        got += exchange.step(step * 1e-4)
+        if exchange.done:
+            break
+        for lane in list(exchange.lanes):
+            if lane.key in failures and rng.random() < 0.02:
+                failures.discard(lane.key)
+                exchange.fail_lane(lane)
+                continue
+            if every[lane.key] and step % every[lane.key] == 0:
+                pump(lane.channel, engines[lane.key])
+    assert got == list(range(len(got)))
+    if exchange.done and not exchange.timed_out and not exchange._cut_off:
+        assert len(got) == count
+    exchange.end()
+    for key in keys:  # the engines catch up; a new call on each gets its own
+        channel = channels[key]
+        if channel.current is not None:
+            continue
+        second = _exchange(range(1000, 1050))
+        second.add_lane(key, channel)
+        assert _run(second, {key: engines[key]}) == list(range(1000, 1050))

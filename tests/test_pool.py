@@ -235,6 +235,29 @@ def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth
         assert metrics["engine_failures"] == 1
 
 
+def test_a_stopped_engine_holds_no_call_up_once_its_items_are_dealt(trained_model, truth):
+    """The batches a stopped engine holds are dealt again to the engine that
+    answers, once no new item is left: the call ends long before io_timeout_s,
+    exact, and what the stopped engine answers when it resumes reaches no call."""
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          io_timeout_s=60.0) as pool:
+        stopped = pool.engine_pids()[0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            metrics = {}
+            began = time.perf_counter()
+            got = pool.predict(common(1), items(3000), metrics=metrics)
+            assert time.perf_counter() - began < 10.0
+            assert got == truth[trained_model][1]
+            assert metrics["engines"] == 2 and metrics["engine_failures"] == 0
+            assert metrics["hedged_lines"] > 0
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        for index in (2, 0, 1, 2):
+            assert pool.predict(common(index), items(3000)) == truth[trained_model][index]
+        assert stopped in pool.engine_pids() and pool.stats()["engine_failures"] == 0
+
+
 def test_close_returns_within_its_timeout_with_a_stopped_engine(trained_model):
     pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
     pids = pool.engine_pids()

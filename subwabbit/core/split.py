@@ -8,6 +8,20 @@ order: the longest prefix of items whose predictions have all arrived. Dealing
 batches in item order (rather than giving each engine a contiguous half) keeps
 the engines working on the same prefix, so that a deadline wastes little.
 
+An engine that falls behind holds that prefix back: on a machine with no
+more cores than engines, the engine that shares a core with the client often
+answers at a third of the other's pace, and the other races ahead on items
+that cannot be handed out before the slow one's batch is in (a deadline then
+cut about 300 answered lines of 3,000 from the results). So each lane is
+dealt by its *pace*, the lines it answered per second of the call during
+which it owed answers (a lane dealt less is not taken for slower): a lane at a third of the fastest one's pace holds a third of the lines
+in flight, in batches a third as large, so that a batch waits about as long
+in any engine. And once no new item is left to deal, a lane with room is
+dealt a second copy of the first unanswered batch's unanswered lines (the
+batch is *hedged*, once at most): whichever lane answers a line first gives
+its prediction, the other's answer to it is dropped, and the call does not
+wait for it (the channel discards it like any ended call's leftovers).
+
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
 :class:`~subwabbit.core.channel.Channel`, so the channel's rules hold per
 engine: an answer goes only to the call that is owed it, and what an ended
@@ -23,7 +37,7 @@ predictions).
 
 import collections
 import math
-from typing import Any, Deque, Hashable, Iterable, List, Optional
+from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
@@ -31,21 +45,39 @@ from .exchanges import Parser, _line_joiner, check_item_parts, format_next
 
 
 class _Batch:
-    """Consecutive items formatted together and dealt to one lane."""
+    """Consecutive items formatted together and dealt to one lane (to two,
+    when it is hedged)."""
 
-    # No reference to its lane: the lane holds its batches, and a cycle
-    # between them would leave every call's batches to the garbage collector,
-    # whose pauses fall on later calls.
-    __slots__ = ("start", "lines", "values")
+    # No reference to its lanes: the lanes hold their shares of it, and a
+    # cycle between them would leave every call's batches to the garbage
+    # collector, whose pauses fall on later calls.
+    __slots__ = ("start", "lines", "values", "hedged")
 
     def __init__(self, start: int, lines: List[str]) -> None:
         self.start = start          # index of its first item in the request
         self.lines = lines          # its formatted examples
         self.values: List[Any] = []  # predictions received so far, in order
+        self.hedged = False         # dealt a second time already
 
     @property
     def complete(self) -> bool:
         return len(self.values) == len(self.lines)
+
+
+class _Share:
+    """The lines ``next`` to ``end`` of a batch that one lane owes answers for.
+
+    Every share of a batch begins at or before the batch's first unanswered
+    line and runs in order, so an answer to line ``next`` is either the
+    batch's next prediction or one another lane gave already.
+    """
+
+    __slots__ = ("batch", "next", "end")
+
+    def __init__(self, batch: _Batch, start: int, end: int) -> None:
+        self.batch = batch
+        self.next = start
+        self.end = end
 
 
 class Lane:
@@ -55,26 +87,32 @@ class Lane:
     :param channel: the engine's channel; a call is begun on it
     """
 
-    __slots__ = ("key", "channel", "call", "batches", "retiring", "dealt_lines",
-                 "_progress", "_quiet_since")
+    __slots__ = ("key", "channel", "call", "shares", "retiring", "dealt_lines",
+                 "answered", "busy_s", "_busy_since", "_progress", "_quiet_since")
 
     def __init__(self, key: Hashable, channel: Channel) -> None:
         self.key = key
         self.channel = channel
         self.call: Call = channel.begin()
-        #: batches dealt to this lane and not fully answered, in dealing order
-        self.batches: Deque[_Batch] = collections.deque()
+        #: what this lane owes answers for, in dealing order
+        self.shares: Deque[_Share] = collections.deque()
         #: no new batch is dealt; released once its batches are answered
         self.retiring = False
         #: example lines dealt to this lane in all
         self.dealt_lines = 0
+        #: lines this lane answered in the call (its pace: see ``_roomiest``)
+        self.answered = 0
+        #: seconds of the call during which it owed answers
+        self.busy_s = 0.0
+        self._busy_since: Optional[float] = None
         self._progress = -1
         self._quiet_since = 0.0
 
     @property
     def drained(self) -> bool:
-        """Whether nothing this lane was dealt is still unanswered."""
-        return not self.batches
+        """Whether every batch this lane was dealt is answered (by it, or by
+        the lane a batch was hedged to: what it still owes then is dropped)."""
+        return all(share.batch.complete for share in self.shares)
 
 
 class SplitPredictExchange:
@@ -94,13 +132,18 @@ class SplitPredictExchange:
     :param write_cutoff_s: no new batch is dealt this long before the deadline
     :param idle_s: how long a lane may owe answers without any progress before
         it is reported stuck (:meth:`stuck_lanes`); ``None``: no limit
+    :param pace: deal each lane by its pace (see the module's text);
+        ``False``: every lane is dealt ``batch_size`` at a time up to
+        ``max_in_flight_lines``
+    :param hedge: once no new item is left, deal the first unanswered batch
+        a second time to a lane with room
     """
 
     def __init__(self, *, formatter: Any, common_part: str, common_features: Any,
                  items: Iterable[Any], debug_info: Any, parse: Optional[Parser] = None,
                  batch_size: int, max_in_flight_lines: int, deadline: Optional[float],
                  write_cutoff_s: float = 0.0, idle_s: Optional[float] = None,
-                 kind: Any = None) -> None:
+                 kind: Any = None, pace: bool = True, hedge: bool = True) -> None:
         if parse is None:
             if kind is None:
                 raise TypeError("SplitPredictExchange needs parse= or kind=")
@@ -112,6 +155,8 @@ class SplitPredictExchange:
         self._parts: List[str] = []
         #: the most engines the call can use (``None``: any number)
         self.max_lanes: Optional[int] = 1 if self._example_kind is not None else None
+        self._pace = pace
+        self._hedge = hedge and self._example_kind is None
         self._now = 0.0
         self.batch_size = batch_size
         self.max_in_flight_lines = max(max_in_flight_lines, batch_size)
@@ -142,6 +187,8 @@ class SplitPredictExchange:
         self.returned = 0
         #: engines that failed during the call
         self.failed_lanes = 0
+        #: lines dealt a second time, to another lane (see the module's text)
+        self.hedged_lines = 0
         self.done = False
         self.timed_out = False
 
@@ -165,12 +212,19 @@ class SplitPredictExchange:
         self._collect_lane(lane)  # what arrived before the failure is good
         lane.channel.end(lane.call)
         self.lanes.remove(lane)
-        for batch in lane.batches:
-            if not self._cut_off:
+        # What another lane owes of a batch (it was hedged) is its rest:
+        # every share runs to the batch's end, but for the write cut-off's.
+        reach = _reach(self.lanes)
+        for share in lane.shares:
+            batch = share.batch
+            ends = max(len(batch.values), reach.get(id(batch), 0))
+            if ends >= len(batch.lines):
+                continue
+            if not self._cut_off and ends == len(batch.values):
                 self._redeal.append(batch)
             else:
-                self._limit = min(self._limit, batch.start + len(batch.values))
-        lane.batches.clear()
+                self._limit = min(self._limit, batch.start + ends)
+        lane.shares.clear()
         self._redeal.sort(key=_start)
 
     def release_lane(self, lane: Lane) -> None:
@@ -200,20 +254,25 @@ class SplitPredictExchange:
     # ------------------------------------------------------------- steps
 
     def step(self, now: float) -> List[Any]:
-        """Deal what fits (at most one newly formatted batch), take what
-        arrived, apply the deadline.
+        """Take what arrived, deal what fits (at most one newly formatted
+        batch), apply the deadline.
 
         :returns: predictions for the next items of the request, in order
         """
         if self.done:
             return []
         self._now = now
-        if self.dealing:
+        for lane in self.lanes:
+            if lane._busy_since is not None:
+                lane.busy_s += now - lane._busy_since
+        self._collect()
+        if not self._cut_off:
             if self._stop_dealing_at is not None and now >= self._stop_dealing_at:
                 self._stop_dealing()
-            else:
+            elif self.dealing or self._hedge:
                 self._deal()
-        self._collect()
+        for lane in self.lanes:
+            lane._busy_since = now if lane.channel.in_flight_lines else None
         results = self._hand_out()
         if not self.dealing and all(lane.drained for lane in self.lanes):
             self.done = True
@@ -225,29 +284,79 @@ class SplitPredictExchange:
         lanes = [lane for lane in self.lanes if not lane.retiring]
         if not lanes:
             return
-        limit = self.max_in_flight_lines
-        batch_size = self.batch_size
-        while self._redeal or self._items_left:
-            lane = min(lanes, key=_in_flight)
-            room = limit - lane.channel.in_flight_lines
-            if self._redeal:
-                batch = self._redeal[0]
-                if room < min(len(batch.lines) - len(batch.values), batch_size):
-                    return
-                del self._redeal[0]
-                self._give(lane, batch, batch.lines[len(batch.values):])
-                continue
-            if self._example_kind is not None:
-                self._format_example(batch_size)
+        lane, room, size = self._roomiest(lanes)
+        while self._redeal:
+            batch = self._redeal[0]
+            if room < min(len(batch.lines) - len(batch.values), size):
                 return
-            if room < batch_size:
-                return
-            batch = self._format(batch_size)
+            del self._redeal[0]
+            self._give(lane, batch, len(batch.values))
+            lane, room, size = self._roomiest(lanes)
+        if self._example_kind is not None:
+            if self._items_left:
+                self._format_example(self.batch_size)
+            return
+        if room < size:
+            return
+        if self._items_left:
+            batch = self._format(size)
             if batch is not None:
-                self._give(lane, batch, batch.lines)
-            # One batch formatted per step: the driver checks the clock (the
-            # write cut-off, the deadline) and an event loop gets its turn
-            # between steps, however slow the formatter.
+                self._give(lane, batch, 0)
+                # One batch formatted per step: the driver checks the clock
+                # (the write cut-off, the deadline) and an event loop gets its
+                # turn between steps, however slow the formatter.
+                return
+        # No item left: nothing may wake the driver but this lane's answers.
+        if self._hedge and len(lanes) > 1:
+            self._hedge_first_unanswered(lane)
+
+    def _roomiest(self, lanes: List[Lane]) -> Tuple[Lane, int, int]:
+        """The lane with the most room for its pace, that room, and the size
+        of a batch for it.
+
+        A lane that answers at a fraction of the fastest lane's pace (lines
+        per second while it owed answers) may hold that fraction of
+        ``max_in_flight_lines`` (of ``batch_size`` per batch), a quarter at
+        least: the time its batches wait in it stays about the same on
+        every lane, so the first unanswered batch, which decides what can
+        be handed out, is never far behind the others. A lane that has not
+        answered a quarter batch yet counts as the fastest.
+        """
+        limit, size = self.max_in_flight_lines, self.batch_size
+        floor = max(1, size // 4)
+        paces = [self._pace_of(lane, floor) for lane in lanes]
+        measured = [pace for pace in paces if pace is not None]
+        fastest = max(measured) if measured else 0.0
+        best, best_room, best_size = lanes[0], -1 - limit, size
+        for lane, pace in zip(lanes, paces):
+            lane_limit, lane_size = limit, size
+            if pace is not None and pace < fastest:
+                share = pace / fastest
+                lane_limit = max(floor, int(limit * share))
+                lane_size = max(floor, int(size * share))
+            room = lane_limit - lane.channel.in_flight_lines
+            if room > best_room:
+                best, best_room, best_size = lane, room, lane_size
+        return best, best_room, best_size
+
+    def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
+        """``lane``'s lines answered per second it owed answers in this call,
+        ``None`` before it answered ``floor`` lines (or without pacing)."""
+        if not self._pace or lane.answered < floor or lane.busy_s <= 0:
+            return None
+        return lane.answered / lane.busy_s
+
+    def _hedge_first_unanswered(self, lane: Lane) -> None:
+        """No new item is left: deal again to ``lane`` the first unanswered
+        batch that was not hedged yet and that ``lane`` does not hold."""
+        for batch in self._order:
+            if batch.complete or batch.hedged:
+                continue
+            if any(share.batch is batch for share in lane.shares):
+                continue
+            batch.hedged = True
+            self.hedged_lines += len(batch.lines) - len(batch.values)
+            self._give(lane, batch, len(batch.values))
             return
 
     def _format_example(self, want: int) -> None:
@@ -265,7 +374,7 @@ class SplitPredictExchange:
             self.formatted = len(batch.lines)
             self._order.append(batch)
             lane = min((lane for lane in self.lanes if not lane.retiring), key=_in_flight)
-            self._give(lane, batch, batch.lines)
+            self._give(lane, batch, 0)
 
     def _next_parts(self, want: int) -> List[Any]:
         """The next ``want`` items formatted (fewer when they run out: then
@@ -285,13 +394,15 @@ class SplitPredictExchange:
         self._order.append(batch)
         return batch
 
-    def _give(self, lane: Lane, batch: _Batch, lines: List[str]) -> None:
+    def _give(self, lane: Lane, batch: _Batch, first: int) -> None:
+        """Queue the lines of ``batch`` from its line ``first`` on ``lane``."""
+        lines = batch.lines[first:] if first else batch.lines
         if self._example_kind is not None:
             lane.call.queue_example(self._example_kind.example_lines(self._common_part, lines))
         else:
             lane.call.queue_lines(lines)
         lane.dealt_lines += len(lines)
-        lane.batches.append(batch)
+        lane.shares.append(_Share(batch, first, len(batch.lines)))
 
     def _stop_dealing(self) -> None:
         """The write cut-off: deal nothing more, and forget the lines that
@@ -304,16 +415,20 @@ class SplitPredictExchange:
         for lane in self.lanes:
             lane.channel.forget_unwritten(lane.call)
             owed = lane.call.owed_lines
-            kept: Deque[_Batch] = collections.deque()
-            for batch in lane.batches:
-                waiting = len(batch.lines) - len(batch.values)
-                if owed < waiting:
-                    self._limit = min(self._limit, batch.start + len(batch.values) + owed)
-                    batch.lines = batch.lines[:len(batch.values) + owed]
-                owed -= min(owed, waiting)
-                if not batch.complete:
-                    kept.append(batch)
-            lane.batches = kept
+            kept: Deque[_Share] = collections.deque()
+            for share in lane.shares:
+                share.end = share.next + min(owed, share.end - share.next)
+                owed -= share.end - share.next
+                if share.next < share.end:
+                    kept.append(share)
+            lane.shares = kept
+        # A batch ends where the farthest of its shares that reached an engine ends.
+        reach = _reach(self.lanes)
+        for batch in self._order:
+            ends = max(len(batch.values), reach.get(id(batch), 0))
+            if ends < len(batch.lines):
+                self._limit = min(self._limit, batch.start + ends)
+                batch.lines = batch.lines[:ends]
 
     def _collect(self) -> None:
         for lane in self.lanes:
@@ -322,18 +437,26 @@ class SplitPredictExchange:
     def _collect_lane(self, lane: Lane) -> None:
         answers = lane.call.take_answers()
         if answers:
+            shares = lane.shares
             if self._example_kind is not None:
-                values = self._example_kind.parse_example(answers, len(lane.batches[0].lines))
+                values = self._example_kind.parse_example(answers, len(shares[0].batch.lines))
             else:
                 values = self.parse(answers)
             offset = 0
             while offset < len(values):
-                batch = lane.batches[0]
-                take = min(len(batch.lines) - len(batch.values), len(values) - offset)
-                batch.values.extend(values[offset:offset + take])
+                share = shares[0]
+                batch = share.batch
+                take = min(share.end - share.next, len(values) - offset)
+                # The lines before the batch's first unanswered one were
+                # answered by the other lane of a hedged batch: dropped.
+                new = share.next + take - len(batch.values)
+                if new > 0:
+                    batch.values.extend(values[offset + take - new:offset + take])
+                share.next += take
+                lane.answered += take
                 offset += take
-                if batch.complete:
-                    lane.batches.popleft()
+                if share.next == share.end:
+                    shares.popleft()
 
     def _hand_out(self) -> List[Any]:
         results: List[Any] = []
@@ -412,3 +535,14 @@ def _in_flight(lane: Lane) -> int:
 
 def _start(batch: _Batch) -> int:
     return batch.start
+
+
+def _reach(lanes: List[Lane]) -> Dict[int, int]:
+    """For every batch the lanes owe answers for (by ``id``): the end of the
+    farthest share of it."""
+    reach: Dict[int, int] = {}
+    for lane in lanes:
+        for share in lane.shares:
+            key = id(share.batch)
+            reach[key] = max(reach.get(key, 0), share.end)
+    return reach
