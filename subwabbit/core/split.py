@@ -14,13 +14,17 @@ answers at a third of the other's pace, and the other races ahead on items
 that cannot be handed out before the slow one's batch is in (a deadline then
 cut about 300 answered lines of 3,000 from the results). So each lane is
 dealt by its *pace*, the lines it answered per second of the call during
-which it owed answers (a lane dealt less is not taken for slower): a lane at a third of the fastest one's pace holds a third of the lines
-in flight, in batches a third as large, so that a batch waits about as long
-in any engine. And once no new item is left to deal, a lane with room is
-dealt a second copy of the first unanswered batch's unanswered lines (the
-batch is *hedged*, once at most): whichever lane answers a line first gives
-its prediction, the other's answer to it is dropped, and the call does not
-wait for it (the channel discards it like any ended call's leftovers).
+which it owed answers (a lane dealt less is not taken for slower): a lane
+at a third of the fastest one's pace holds a third of the lines in flight,
+in batches a third as large, so that a batch waits about as long in any
+engine; a batch goes to the emptiest lane for its pace. And once no new
+item is left to deal, a lane with room is dealt a second copy of the first
+unanswered batch's unanswered lines (the batch is *hedged*, once at most):
+whichever lane answers a line first gives its prediction, the other's
+answer to it is dropped, and the call does not wait for it (the channel
+discards it like any ended call's leftovers). The lane holding the batch
+may be retiring, and it may be the fastest: an engine that stops or is
+starved of CPU holds up no call.
 
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
 :class:`~subwabbit.core.channel.Channel`, so the channel's rules hold per
@@ -100,7 +104,7 @@ class Lane:
         self.retiring = False
         #: example lines dealt to this lane in all
         self.dealt_lines = 0
-        #: lines this lane answered in the call (its pace: see ``_roomiest``)
+        #: lines this lane answered in the call (its pace: see ``_rooms``)
         self.answered = 0
         #: seconds of the call during which it owed answers
         self.busy_s = 0.0
@@ -284,21 +288,24 @@ class SplitPredictExchange:
         lanes = [lane for lane in self.lanes if not lane.retiring]
         if not lanes:
             return
-        lane, room, size = self._roomiest(lanes)
         while self._redeal:
             batch = self._redeal[0]
-            if room < min(len(batch.lines) - len(batch.values), size):
+            want = len(batch.lines) - len(batch.values)
+            lane = next((lane for lane, room, size in self._rooms(lanes)
+                         if room >= min(want, size)), None)
+            if lane is None:
                 return
             del self._redeal[0]
             self._give(lane, batch, len(batch.values))
-            lane, room, size = self._roomiest(lanes)
         if self._example_kind is not None:
             if self._items_left:
                 self._format_example(self.batch_size)
             return
-        if room < size:
+        fits = [(lane, size) for lane, room, size in self._rooms(lanes) if room >= size]
+        if not fits:
             return
         if self._items_left:
+            lane, size = fits[0]
             batch = self._format(size)
             if batch is not None:
                 self._give(lane, batch, 0)
@@ -306,13 +313,12 @@ class SplitPredictExchange:
                 # (the write cut-off, the deadline) and an event loop gets its
                 # turn between steps, however slow the formatter.
                 return
-        # No item left: nothing may wake the driver but this lane's answers.
-        if self._hedge and len(lanes) > 1:
-            self._hedge_first_unanswered(lane)
+        if self._hedge and len(self.lanes) > 1:
+            self._hedge_first_unanswered([lane for lane, _ in fits])
 
-    def _roomiest(self, lanes: List[Lane]) -> Tuple[Lane, int, int]:
-        """The lane with the most room for its pace, that room, and the size
-        of a batch for it.
+    def _rooms(self, lanes: List[Lane]) -> List[Tuple[Lane, int, int]]:
+        """Every lane with its room and the size of a batch for it, by pace,
+        the emptiest first (the most room for its pace's share of lines).
 
         A lane that answers at a fraction of the fastest lane's pace (lines
         per second while it owed answers) may hold that fraction of
@@ -327,17 +333,16 @@ class SplitPredictExchange:
         paces = [self._pace_of(lane, floor) for lane in lanes]
         measured = [pace for pace in paces if pace is not None]
         fastest = max(measured) if measured else 0.0
-        best, best_room, best_size = lanes[0], -1 - limit, size
+        rooms = []
         for lane, pace in zip(lanes, paces):
             lane_limit, lane_size = limit, size
             if pace is not None and pace < fastest:
                 share = pace / fastest
                 lane_limit = max(floor, int(limit * share))
                 lane_size = max(floor, int(size * share))
-            room = lane_limit - lane.channel.in_flight_lines
-            if room > best_room:
-                best, best_room, best_size = lane, room, lane_size
-        return best, best_room, best_size
+            rooms.append((lane_limit, lane, lane_limit - lane.channel.in_flight_lines, lane_size))
+        rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
+        return [(lane, room, lane_size) for _, lane, room, lane_size in rooms]
 
     def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
         """``lane``'s lines answered per second it owed answers in this call,
@@ -346,18 +351,19 @@ class SplitPredictExchange:
             return None
         return lane.answered / lane.busy_s
 
-    def _hedge_first_unanswered(self, lane: Lane) -> None:
-        """No new item is left: deal again to ``lane`` the first unanswered
-        batch that was not hedged yet and that ``lane`` does not hold."""
+    def _hedge_first_unanswered(self, lanes: List[Lane]) -> None:
+        """No new item is left: deal the first unanswered batch not hedged yet
+        again, to the first of ``lanes`` (lanes with room) that does not hold
+        it. The lane holding it may be retiring."""
         for batch in self._order:
             if batch.complete or batch.hedged:
                 continue
-            if any(share.batch is batch for share in lane.shares):
-                continue
-            batch.hedged = True
-            self.hedged_lines += len(batch.lines) - len(batch.values)
-            self._give(lane, batch, len(batch.values))
-            return
+            for lane in lanes:
+                if not any(share.batch is batch for share in lane.shares):
+                    batch.hedged = True
+                    self.hedged_lines += len(batch.lines) - len(batch.values)
+                    self._give(lane, batch, len(batch.values))
+                    return
 
     def _format_example(self, want: int) -> None:
         """A multi-line kind: format ``want`` more items (one step's share, so
@@ -535,6 +541,11 @@ def _in_flight(lane: Lane) -> int:
 
 def _start(batch: _Batch) -> int:
     return batch.start
+
+
+def _emptiest(entry: Tuple[int, Lane, int, int]) -> float:
+    limit, _, room, _ = entry
+    return -room / limit
 
 
 def _reach(lanes: List[Lane]) -> Dict[int, int]:
