@@ -12,7 +12,7 @@ An engine that falls behind holds that prefix back: on a machine with no
 more cores than engines, the engine that shares a core with the client often
 answers at a third of the other's pace, and the other races ahead on items
 that cannot be handed out before the slow one's batch is in (a deadline then
-cut about 300 answered lines of 3,000 from the results). So each lane is
+cut 150 to 320 answered lines of 3,000 from the results). So each lane is
 dealt by its *pace*, the lines it answered per second of the call during
 which it owed answers (a lane dealt less is not taken for slower): a lane
 at a third of the fastest one's pace holds a third of the lines in flight,
