@@ -169,7 +169,7 @@ class VowpalWabbitPool(PoolBase):
             ``engines`` (how many engines served the call),
             ``engine_failures`` (engines that failed during it),
             ``hedged_lines`` (lines dealt a second time, to an engine with
-            nothing left to do, when another held them up),
+            room, when the one holding them went quiet),
             ``model_generation`` (the :attr:`~subwabbit.pool_base.PoolBase.generation`
             that served it; ``None`` if no engine did) and ``restarts`` (1 when
             the call started the pool's engines after a fork)

@@ -14,7 +14,7 @@ import pytest
 
 from subwabbit.core.channel import Channel
 from subwabbit.core.roster import Roster
-from subwabbit.core.split import SplitPredictExchange
+from subwabbit.core.split import HEDGE_MIN_S, SplitPredictExchange
 from subwabbit.errors import VowpalWabbitTimeoutError
 
 from test_core import NumberFormatter, SimulatedEngine, parse, pump
@@ -383,11 +383,13 @@ class StoppableEngine(PacedEngine):
 
 def _run_on_events(exchange, engines, on_step=None, tick=1e-4, steps=10000):
     """Step ``exchange`` as a pool's driver does: again after every pipe
-    event; when no engine can move a byte or will answer, the driver would
-    sleep until ``wake_at()``, so this returns there."""
+    event, ``tick`` seconds apart; when no engine can move a byte or will
+    answer, the driver sleeps until ``wake_at()``, or for good without one
+    (then this returns)."""
     got = []
-    for step in range(steps):
-        got += exchange.step(step * tick)
+    now = 0.0
+    for _ in range(steps):
+        got += exchange.step(now)
         if exchange.done:
             break
         if on_step is not None:
@@ -400,9 +402,13 @@ def _run_on_events(exchange, engines, on_step=None, tick=1e-4, steps=10000):
             if data:
                 lane.channel.receive(data)
                 moved = True
-        if not moved and not any(engine.out and not engine.stopped
-                                 for engine in engines.values()):
+        if moved or any(engine.out and not engine.stopped for engine in engines.values()):
+            now += tick
+            continue
+        wake = exchange.wake_at()
+        if wake is None:
             break
+        now = max(now + tick, wake)
     return got
 
 
@@ -436,6 +442,21 @@ def test_an_engine_that_stops_while_measured_fastest_holds_nothing_up(stops_at):
 
     got = _run_on_events(exchange, engines, on_step=stop)
     assert exchange.done and got == list(range(285))
+
+
+def test_a_slow_lane_that_keeps_answering_is_not_dealt_a_copy():
+    """A copy of a batch costs an engine's time: a lane that answers, however
+    slowly, keeps its batches; only one that went quiet for two batches'
+    time of the fastest lane loses them."""
+    engines = {"fast": StoppableEngine(12), "slow": StoppableEngine(2)}
+    exchange = _exchange(range(300), batch_size=20, in_flight=40)
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    got = _run_on_events(exchange, engines)
+    assert exchange.done and got == list(range(300))
+    assert exchange.hedged_lines == 0
+    # two batches of the fast lane: 40 lines at about 12 per tick of 0.1 ms
+    assert HEDGE_MIN_S < exchange._hedge_wait() < 0.0005
 
 
 def test_a_retiring_lane_that_stopped_has_its_batches_taken_over():

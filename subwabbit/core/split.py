@@ -18,13 +18,17 @@ which it owed answers (a lane dealt less is not taken for slower): a lane
 at a third of the fastest one's pace holds a third of the lines in flight,
 in batches a third as large, so that a batch waits about as long in any
 engine; a batch goes to the emptiest lane for its pace. And once no new
-item is left to deal, a lane with room is dealt a second copy of the first
-unanswered batch's unanswered lines (the batch is *hedged*, once at most):
-whichever lane answers a line first gives its prediction, the other's
-answer to it is dropped, and the call does not wait for it (the channel
-discards it like any ended call's leftovers). The lane holding the batch
-may be retiring, and it may be the fastest: an engine that stops or is
-starved of CPU holds up no call.
+item is left to deal, when the lanes holding the first unanswered batch
+have answered nothing for the time the fastest lane takes for two batches,
+a lane with room is dealt a second copy of that batch's unanswered lines
+(the batch is *hedged*, once at most): whichever lane answers a line first
+gives its prediction, the other's answer to it is dropped, and the call
+does not wait for it (the channel discards it like any ended call's
+leftovers). The lane holding the batch may be retiring, and it may be the
+fastest: an engine that stops or is starved of CPU holds up no call, while
+one that keeps answering, however slowly, costs no copy (copies cost an
+engine's time: copying whatever was left at the end of a call cost 2% of
+the predictions under steady load).
 
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
 :class:`~subwabbit.core.channel.Channel`, so the channel's rules hold per
@@ -92,7 +96,8 @@ class Lane:
     """
 
     __slots__ = ("key", "channel", "call", "shares", "retiring", "dealt_lines",
-                 "answered", "busy_s", "_busy_since", "_progress", "_quiet_since")
+                 "answered", "answered_at", "busy_s", "_busy_since", "_progress",
+                 "_quiet_since")
 
     def __init__(self, key: Hashable, channel: Channel) -> None:
         self.key = key
@@ -106,6 +111,8 @@ class Lane:
         self.dealt_lines = 0
         #: lines this lane answered in the call (its pace: see ``_rooms``)
         self.answered = 0
+        #: when it last answered (or was first dealt lines), a clock value
+        self.answered_at: Optional[float] = None
         #: seconds of the call during which it owed answers
         self.busy_s = 0.0
         self._busy_since: Optional[float] = None
@@ -140,7 +147,7 @@ class SplitPredictExchange:
         ``False``: every lane is dealt ``batch_size`` at a time up to
         ``max_in_flight_lines``
     :param hedge: once no new item is left, deal the first unanswered batch
-        a second time to a lane with room
+        a second time to a lane with room when its lanes went quiet
     """
 
     def __init__(self, *, formatter: Any, common_part: str, common_features: Any,
@@ -351,13 +358,30 @@ class SplitPredictExchange:
             return None
         return lane.answered / lane.busy_s
 
+    def _hedge_wait(self) -> float:
+        """How long a lane may answer nothing before a batch it holds is
+        dealt again: the time the fastest lane takes for two batches
+        (:data:`HEDGE_MIN_S` at least; :data:`HEDGE_UNKNOWN_S` before any
+        lane's pace is known)."""
+        floor = max(1, self.batch_size // 4)
+        paces = [pace for pace in (self._pace_of(lane, floor) for lane in self.lanes)
+                 if pace is not None]
+        if not paces:
+            return HEDGE_UNKNOWN_S
+        return max(HEDGE_MIN_S, 2 * self.batch_size / max(paces))
+
     def _hedge_first_unanswered(self, lanes: List[Lane]) -> None:
         """No new item is left: deal the first unanswered batch not hedged yet
-        again, to the first of ``lanes`` (lanes with room) that does not hold
-        it. The lane holding it may be retiring."""
+        whose lanes answered nothing for :meth:`_hedge_wait` again, to the
+        first of ``lanes`` (lanes with room) that does not hold it. The lane
+        holding it may be retiring."""
+        quiet_since = self._now - self._hedge_wait()
         for batch in self._order:
             if batch.complete or batch.hedged:
                 continue
+            if any(lane.answered_at is not None and lane.answered_at > quiet_since
+                   for lane in self.lanes if any(share.batch is batch for share in lane.shares)):
+                continue  # its lane is answering: it is not held up
             for lane in lanes:
                 if not any(share.batch is batch for share in lane.shares):
                     batch.hedged = True
@@ -409,6 +433,8 @@ class SplitPredictExchange:
             lane.call.queue_lines(lines)
         lane.dealt_lines += len(lines)
         lane.shares.append(_Share(batch, first, len(batch.lines)))
+        if lane.answered_at is None:
+            lane.answered_at = self._now
 
     def _stop_dealing(self) -> None:
         """The write cut-off: deal nothing more, and forget the lines that
@@ -448,6 +474,8 @@ class SplitPredictExchange:
                 values = self._example_kind.parse_example(answers, len(shares[0].batch.lines))
             else:
                 values = self.parse(answers)
+            if values:
+                lane.answered_at = self._now
             offset = 0
             while offset < len(values):
                 share = shares[0]
@@ -520,6 +548,11 @@ class SplitPredictExchange:
                      if lane._progress >= 0]
             if quiet:
                 wake = min(quiet) if wake is None else min(wake, min(quiet))
+        if (self._hedge and not self._items_left and not self._cut_off and len(self.lanes) > 1
+                and any(not batch.complete and not batch.hedged for batch in self._order)):
+            # A batch may be held up: look again when it would be dealt again.
+            hedge = self._now + self._hedge_wait()
+            wake = hedge if wake is None else min(wake, hedge)
         return wake
 
     def end(self) -> List[Lane]:
@@ -533,6 +566,12 @@ class SplitPredictExchange:
         for lane in lanes:
             lane.channel.end(lane.call)
         return lanes
+
+
+#: the least time a lane may answer nothing before a batch it holds is dealt again
+HEDGE_MIN_S = 0.0002
+#: that time before any lane's pace is known
+HEDGE_UNKNOWN_S = 0.001
 
 
 def _in_flight(lane: Lane) -> int:
