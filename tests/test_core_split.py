@@ -459,6 +459,47 @@ def test_a_slow_lane_that_keeps_answering_is_not_dealt_a_copy():
     assert HEDGE_MIN_S < exchange._hedge_wait() < 0.0005
 
 
+def test_no_wake_for_a_copy_that_no_lane_has_room_for():
+    """Both engines stopped with every line dealt: no lane has room for a
+    copy, so the call sleeps until its deadline (or a pipe event), never
+    waking early for nothing."""
+    engines = {"a": StoppableEngine(10), "b": StoppableEngine(10)}
+    for engine in engines.values():
+        engine.stopped = True
+    exchange = _exchange(range(35), batch_size=10, in_flight=20, deadline=0.05)
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    for step in range(10):
+        exchange.step(step * 0.001)
+        for lane in exchange.lanes:
+            lane.channel.write_with(engines[lane.key].write)
+    assert not exchange.dealing and not exchange.done
+    assert sorted(lane.channel.in_flight_lines for lane in exchange.lanes) == [15, 20]
+    assert exchange.wake_at() == 0.05
+
+
+def test_a_lane_dealt_lines_after_owing_none_is_not_taken_for_quiet():
+    """A lane that had nothing to answer for a while and is then dealt a
+    failed lane's batch answers it on its next read: the batch is not
+    copied to a third lane meanwhile."""
+    engines = {"slow": StoppableEngine(1), "b": StoppableEngine(100),
+               "c": StoppableEngine(100)}
+    exchange = _exchange(range(60), batch_size=20, in_flight=40)
+    lanes = {key: exchange.add_lane(key, Channel()) for key in engines}
+    failed = []
+
+    def fail_the_slow_lane_long_after_b_went_idle(ex):
+        b = lanes["b"]
+        if (not failed and not ex.dealing and lanes["slow"].shares and not b.shares
+                and ex._now - b.answered_at > 2 * ex._hedge_wait()):
+            failed.append(ex.hedged_lines)
+            ex.fail_lane(lanes["slow"])
+
+    got = _run_on_events(exchange, engines, on_step=fail_the_slow_lane_long_after_b_went_idle)
+    assert failed and got == list(range(60))
+    assert exchange.hedged_lines == failed[0]  # nothing copied after the failure
+
+
 def test_a_retiring_lane_that_stopped_has_its_batches_taken_over():
     """A retiring lane is dealt nothing new, but what it holds may be dealt
     again to the call's other lane: the call ends once that is in."""

@@ -45,7 +45,7 @@ predictions).
 
 import collections
 import math
-from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
@@ -111,7 +111,7 @@ class Lane:
         self.dealt_lines = 0
         #: lines this lane answered in the call (its pace: see ``_rooms``)
         self.answered = 0
-        #: when it last answered (or was first dealt lines), a clock value
+        #: when it last answered, or was dealt lines while it owed none (a clock value)
         self.answered_at: Optional[float] = None
         #: seconds of the call during which it owed answers
         self.busy_s = 0.0
@@ -370,24 +370,55 @@ class SplitPredictExchange:
             return HEDGE_UNKNOWN_S
         return max(HEDGE_MIN_S, 2 * self.batch_size / max(paces))
 
-    def _hedge_first_unanswered(self, lanes: List[Lane]) -> None:
-        """No new item is left: deal the first unanswered batch not hedged yet
-        whose lanes answered nothing for :meth:`_hedge_wait` again, to the
-        first of ``lanes`` (lanes with room) that does not hold it. The lane
-        holding it may be retiring."""
-        quiet_since = self._now - self._hedge_wait()
+    def _hedges(self, lanes: List[Lane]) -> Iterator[Tuple[_Batch, Lane, float]]:
+        """Every unanswered batch not hedged yet, in item order, that one of
+        ``lanes`` (lanes with room) does not hold: with the first such lane,
+        and when the batch may be dealt to it again (once the lanes holding
+        it answered nothing for :meth:`_hedge_wait`). The lanes holding it
+        may be retiring."""
+        holders: Dict[int, List[Lane]] = {}
+        for lane in self.lanes:
+            for share in lane.shares:
+                holders.setdefault(id(share.batch), []).append(lane)
+        wait = self._hedge_wait()
         for batch in self._order:
             if batch.complete or batch.hedged:
                 continue
-            if any(lane.answered_at is not None and lane.answered_at > quiet_since
-                   for lane in self.lanes if any(share.batch is batch for share in lane.shares)):
-                continue  # its lane is answering: it is not held up
-            for lane in lanes:
-                if not any(share.batch is batch for share in lane.shares):
-                    batch.hedged = True
-                    self.hedged_lines += len(batch.lines) - len(batch.values)
-                    self._give(lane, batch, len(batch.values))
-                    return
+            held_by = holders.get(id(batch), [])
+            target = next((lane for lane in lanes if lane not in held_by), None)
+            if target is None:
+                continue
+            heard = [lane.answered_at for lane in held_by if lane.answered_at is not None]
+            yield batch, target, (max(heard) + wait if heard else self._now)
+
+    def _hedge_first_unanswered(self, lanes: List[Lane]) -> None:
+        """No new item is left: deal the first batch that is due again (see
+        :meth:`_hedges`) to a lane of ``lanes`` that does not hold it."""
+        for batch, lane, due in self._hedges(lanes):
+            if due <= self._now:
+                batch.hedged = True
+                self.hedged_lines += len(batch.lines) - len(batch.values)
+                self._give(lane, batch, len(batch.values))
+                return
+
+    def _next_hedge(self) -> Optional[float]:
+        """When a batch becomes due again and a lane has room for it, if
+        that can happen before the write cut-off (``None``: no hedge can
+        come without a pipe event)."""
+        if not (self._hedge and not self._items_left and not self._cut_off
+                and len(self.lanes) > 1):
+            return None
+        active = [lane for lane in self.lanes if not lane.retiring]
+        fits = [lane for lane, room, size in self._rooms(active) if room >= size]
+        dues = [due for _, _, due in self._hedges(fits)]
+        if not dues:
+            return None
+        # A wake in the past would spin the driver: the step that follows
+        # deals what is due, so it is never needed.
+        due = max(min(dues), self._now + HEDGE_MIN_S)
+        if self._stop_dealing_at is not None and due >= self._stop_dealing_at:
+            return None
+        return due
 
     def _format_example(self, want: int) -> None:
         """A multi-line kind: format ``want`` more items (one step's share, so
@@ -431,10 +462,10 @@ class SplitPredictExchange:
             lane.call.queue_example(self._example_kind.example_lines(self._common_part, lines))
         else:
             lane.call.queue_lines(lines)
+        if lane.drained:  # it owed nothing: it is not quiet, it had nothing to say
+            lane.answered_at = self._now
         lane.dealt_lines += len(lines)
         lane.shares.append(_Share(batch, first, len(batch.lines)))
-        if lane.answered_at is None:
-            lane.answered_at = self._now
 
     def _stop_dealing(self) -> None:
         """The write cut-off: deal nothing more, and forget the lines that
@@ -548,10 +579,8 @@ class SplitPredictExchange:
                      if lane._progress >= 0]
             if quiet:
                 wake = min(quiet) if wake is None else min(wake, min(quiet))
-        if (self._hedge and not self._items_left and not self._cut_off and len(self.lanes) > 1
-                and any(not batch.complete and not batch.hedged for batch in self._order)):
-            # A batch may be held up: look again when it would be dealt again.
-            hedge = self._now + self._hedge_wait()
+        hedge = self._next_hedge()
+        if hedge is not None:
             wake = hedge if wake is None else min(wake, hedge)
         return wake
 
