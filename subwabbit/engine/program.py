@@ -26,7 +26,7 @@ Two drivers feed the engine:
   a second thread per engine has no core to run on. It reads what stdin
   holds, hands the complete lines to the engine's parser in one call, has
   the engine learn from or predict each example, and writes their
-  predictions together (at least every 64 lines). It prints exactly what vw
+  predictions together (at least every 128 lines). It prints exactly what vw
   prints: the same numbers and tags, nothing for empty lines and save
   commands, and it saves the same models. It serves single-line examples
   with plain scalar predictions; a pool of any other model loads a copy per
@@ -94,8 +94,11 @@ _SCALAR_LEARNERS = frozenset({
 _READ_BYTES = 1 << 16
 #: The most predictions the loop holds back: it writes them at least this
 #: often, so that a client waiting for the first lines of a long read gets
-#: them before the engine has worked through the rest.
-_ANSWER_LINES = 64
+#: them before the engine has worked through the rest. Each write wakes the
+#: client: 128 rather than 64 cost a pool's client and engines 5-8% less CPU
+#: per prediction and returned 6-10% more predictions within 10 ms on 2 vCPUs
+#: (a pool deals 100 lines at a time, up to 200 in flight per engine).
+_ANSWER_LINES = 128
 _BOM = b"\xef\xbb\xbf"
 #: A featureless example tagged ``save...`` (the tag touches the ``|``; a
 #: label may come first): vw's command to save the model, ``save_PATH|``
