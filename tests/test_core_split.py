@@ -14,7 +14,7 @@ import pytest
 
 from subwabbit.core.channel import Channel
 from subwabbit.core.roster import Roster
-from subwabbit.core.split import HEDGE_MIN_S, SplitPredictExchange
+from subwabbit.core.split import HEDGE_MIN_S, HEDGE_WAKE_AHEAD_S, SplitPredictExchange
 from subwabbit.errors import VowpalWabbitTimeoutError
 
 from test_core import NumberFormatter, SimulatedEngine, parse, pump
@@ -533,7 +533,7 @@ def test_once_no_item_is_left_an_idle_lane_takes_over_a_silent_lanes_batches(ans
     assert got == list(range(100))
     owed = channels["silent"].in_flight_lines
     assert owed >= 10 and exchange.hedged_lines >= owed
-    # A batch is dealt again once at most: no line reached three engines.
+    # The copies' lanes answer them: no line reached three engines.
     for key, channel in channels.items():
         while channel.unwritten_bytes:
             channel.write_with(engines[key].write)
@@ -576,6 +576,80 @@ def test_a_failed_lane_whose_batch_was_hedged_is_not_dealt_again():
     got += _run(exchange, {other: engines[other]}, now=2.0)
     assert got == list(range(40))
     assert lanes[other].dealt_lines == 40 and exchange.failed_lanes == 1
+
+
+@pytest.mark.parametrize("copy_lane", ["fails", "stops"])
+def test_a_batch_is_copied_again_when_its_copy_lane_fails_or_stops_too(copy_lane):
+    """"a" stops holding batches; once every item is dealt, the first of
+    them is copied to another lane, whose engine then fails (or stops too):
+    the third lane takes the batch over, and the call ends with every
+    prediction long before its deadline."""
+    engines = {key: StoppableEngine(10 ** 9) for key in "abc"}
+    engines["a"].stopped = True
+    exchange = _exchange(range(60), batch_size=10, in_flight=20, deadline=0.05)
+    lanes = {key: exchange.add_lane(key, Channel()) for key in engines}
+    copied = []
+
+    def break_the_first_copy_lane(ex):
+        if copied or not ex.hedged_lines:
+            return
+        copy = next(key for key, lane in lanes.items()
+                    if key != "a" and lane in ex.lanes and lane.channel.in_flight_lines)
+        copied.append(copy)
+        if copy_lane == "fails":
+            ex.fail_lane(lanes[copy])
+        else:
+            engines[copy].stopped = True
+
+    got = _run_on_events(exchange, engines, on_step=break_the_first_copy_lane)
+    assert copied and exchange.done and not exchange.timed_out
+    assert got == list(range(60))
+    assert exchange._now < 0.02
+
+
+def test_a_lane_added_while_the_others_are_silent_is_dealt_at_once():
+    """The call's only engine stopped with items left; a free engine joins
+    the call (the roster adds it) and no pipe moves: the call wakes at once
+    and deals to the new lane, rather than sleeping until its deadline."""
+    engines = {"a": StoppableEngine(10 ** 9), "b": StoppableEngine(10 ** 9)}
+    engines["a"].stopped = True
+    exchange = _exchange(range(100), batch_size=10, in_flight=20, deadline=0.05)
+    exchange.add_lane("a", Channel())
+    for step in range(5):
+        exchange.step(step * 1e-4)
+        exchange.lanes[0].channel.write_with(engines["a"].write)
+    assert exchange.wake_at() == 0.05  # one stopped lane, full: nothing to do till the end
+    exchange.add_lane("b", Channel())
+    assert exchange.wake_at() == exchange._now
+    got = _run_on_events(exchange, engines)
+    assert exchange.done and not exchange.timed_out and got == list(range(100))
+
+
+def test_a_copy_wake_is_never_closer_than_an_event_loop_can_sleep():
+    """A copy due in a fraction of a millisecond: the wake is set
+    HEDGE_WAKE_AHEAD_S ahead (an event loop takes a closer one for "look
+    again now" and would spin), and the step at it deals the copy."""
+    engines = {"a": StoppableEngine(10 ** 9), "b": StoppableEngine(10 ** 9)}
+    exchange = _exchange(range(35), batch_size=10, in_flight=20, deadline=0.05)
+    lanes = {key: exchange.add_lane(key, Channel()) for key in engines}
+    now = 0.0
+    while exchange.dealing or any(lane.channel.unwritten_bytes for lane in exchange.lanes):
+        exchange.step(now)
+        for key, lane in lanes.items():
+            lane.channel.write_with(engines[key].write)
+        now += 1e-5
+    engines["a"].stopped = True
+    while lanes["b"].channel.in_flight_lines:  # b answers all it holds
+        exchange.step(now)
+        pump(lanes["b"].channel, engines["b"])
+        now += 1e-5
+    exchange.step(now)
+    assert now < 0.001 and not exchange.dealing
+    assert exchange.hedged_lines == 0 and lanes["a"].channel.in_flight_lines
+    wake = exchange.wake_at()
+    assert wake == pytest.approx(now + HEDGE_WAKE_AHEAD_S)
+    exchange.step(wake)
+    assert exchange.hedged_lines > 0
 
 
 @pytest.mark.parametrize("seed", range(60))

@@ -18,13 +18,15 @@ which it owed answers (a lane dealt less is not taken for slower): a lane
 at a third of the fastest one's pace holds a third of the lines in flight,
 in batches a third as large, so that a batch waits about as long in any
 engine; a batch goes to the emptiest lane for its pace. And once no new
-item is left to deal, when the lanes holding the first unanswered batch
-have answered nothing for the time the fastest lane takes for two batches,
-a lane with room is dealt a second copy of that batch's unanswered lines
-(the batch is *hedged*, once at most): whichever lane answers a line first
-gives its prediction, the other's answer to it is dropped, and the call
-does not wait for it (the channel discards it like any ended call's
-leftovers). The lane holding the batch may be retiring, and it may be the
+item is left to deal, when every lane holding an unanswered batch has
+answered nothing for the time the fastest lane takes for two batches, a
+lane with room that does not hold it is dealt a copy of that batch's
+unanswered lines (the batch is *hedged*; the first such batch in item
+order, one per step; a batch is copied again only once its copy's lane
+went quiet too or failed, so a batch is on each lane once at most):
+whichever lane answers a line first gives its prediction, the others'
+answers to it are dropped, and the call does not wait for them (the
+channel discards them like any ended call's leftovers). The lane holding the batch may be retiring, and it may be the
 fastest: an engine that stops or is starved of CPU holds up no call, while
 one that keeps answering, however slowly, costs no copy (copies cost an
 engine's time: copying whatever was left at the end of a call cost 2% of
@@ -53,19 +55,18 @@ from .exchanges import Parser, _line_joiner, check_item_parts, format_next
 
 
 class _Batch:
-    """Consecutive items formatted together and dealt to one lane (to two,
+    """Consecutive items formatted together and dealt to one lane (to more,
     when it is hedged)."""
 
     # No reference to its lanes: the lanes hold their shares of it, and a
     # cycle between them would leave every call's batches to the garbage
     # collector, whose pauses fall on later calls.
-    __slots__ = ("start", "lines", "values", "hedged")
+    __slots__ = ("start", "lines", "values")
 
     def __init__(self, start: int, lines: List[str]) -> None:
         self.start = start          # index of its first item in the request
         self.lines = lines          # its formatted examples
         self.values: List[Any] = []  # predictions received so far, in order
-        self.hedged = False         # dealt a second time already
 
     @property
     def complete(self) -> bool:
@@ -140,14 +141,15 @@ class SplitPredictExchange:
         calls' leftovers on it included)
     :param deadline: the call's deadline (a clock value), or ``None``; the call
         ends at it with what has arrived
-    :param write_cutoff_s: no new batch is dealt this long before the deadline
+    :param write_cutoff_s: no line is written this long before the deadline
+        (no new batch is dealt, and lines dealt but not yet written are dropped)
     :param idle_s: how long a lane may owe answers without any progress before
         it is reported stuck (:meth:`stuck_lanes`); ``None``: no limit
     :param pace: deal each lane by its pace (see the module's text);
         ``False``: every lane is dealt ``batch_size`` at a time up to
         ``max_in_flight_lines``
-    :param hedge: once no new item is left, deal the first unanswered batch
-        a second time to a lane with room when its lanes went quiet
+    :param hedge: once no new item is left, deal an unanswered batch again
+        to a lane with room when the lanes holding it went quiet
     """
 
     def __init__(self, *, formatter: Any, common_part: str, common_features: Any,
@@ -321,7 +323,7 @@ class SplitPredictExchange:
                 # turn between steps, however slow the formatter.
                 return
         if self._hedge and len(self.lanes) > 1:
-            self._hedge_first_unanswered([lane for lane, _ in fits])
+            self._hedge_first_due([lane for lane, _ in fits])
 
     def _rooms(self, lanes: List[Lane]) -> List[Tuple[Lane, int, int]]:
         """Every lane with its room and the size of a batch for it, by pace,
@@ -336,7 +338,7 @@ class SplitPredictExchange:
         answered a quarter batch yet counts as the fastest.
         """
         limit, size = self.max_in_flight_lines, self.batch_size
-        floor = max(1, size // 4)
+        floor = self._least_share()
         paces = [self._pace_of(lane, floor) for lane in lanes]
         measured = [pace for pace in paces if pace is not None]
         fastest = max(measured) if measured else 0.0
@@ -351,6 +353,26 @@ class SplitPredictExchange:
         rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
         return [(lane, room, lane_size) for _, lane, room, lane_size in rooms]
 
+    def _least_share(self) -> int:
+        """The smallest batch a lane is dealt by its pace (a quarter batch),
+        and the lines it answers before its pace counts."""
+        return max(1, self.batch_size // 4)
+
+    def _can_deal(self) -> bool:
+        """Whether :meth:`step` would deal a batch to a lane now (only a
+        quiet pipe keeps it from being taken: a lane added to the call)."""
+        if self._cut_off or (self._stop_dealing_at is not None
+                             and self._now >= self._stop_dealing_at):
+            return False
+        lanes = [lane for lane in self.lanes if not lane.retiring]
+        if self._redeal:
+            batch = self._redeal[0]
+            want = len(batch.lines) - len(batch.values)
+            return any(room >= min(want, size) for _, room, size in self._rooms(lanes))
+        if self._example_kind is not None or not self._items_left:
+            return False  # (an example's items are formatted at once: see wake_at)
+        return any(room >= size for _, room, size in self._rooms(lanes))
+
     def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
         """``lane``'s lines answered per second it owed answers in this call,
         ``None`` before it answered ``floor`` lines (or without pacing)."""
@@ -363,7 +385,7 @@ class SplitPredictExchange:
         dealt again: the time the fastest lane takes for two batches
         (:data:`HEDGE_MIN_S` at least; :data:`HEDGE_UNKNOWN_S` before any
         lane's pace is known)."""
-        floor = max(1, self.batch_size // 4)
+        floor = self._least_share()
         paces = [pace for pace in (self._pace_of(lane, floor) for lane in self.lanes)
                  if pace is not None]
         if not paces:
@@ -371,32 +393,34 @@ class SplitPredictExchange:
         return max(HEDGE_MIN_S, 2 * self.batch_size / max(paces))
 
     def _hedges(self, lanes: List[Lane]) -> Iterator[Tuple[_Batch, Lane, float]]:
-        """Every unanswered batch not hedged yet, in item order, that one of
-        ``lanes`` (lanes with room) does not hold: with the first such lane,
-        and when the batch may be dealt to it again (once the lanes holding
-        it answered nothing for :meth:`_hedge_wait`). The lanes holding it
-        may be retiring."""
+        """Every unanswered batch, in item order, that one of ``lanes``
+        (lanes with room) does not hold: with the first such lane, and when
+        the batch may be dealt to it again (once every lane holding it
+        answered nothing for :meth:`_hedge_wait`). The lanes holding it may
+        be retiring; a batch no lane holds any more is being dealt again
+        (``_redeal``), not copied."""
         holders: Dict[int, List[Lane]] = {}
         for lane in self.lanes:
             for share in lane.shares:
                 holders.setdefault(id(share.batch), []).append(lane)
         wait = self._hedge_wait()
         for batch in self._order:
-            if batch.complete or batch.hedged:
+            if batch.complete:
                 continue
-            held_by = holders.get(id(batch), [])
+            held_by = holders.get(id(batch))
+            if not held_by:
+                continue
             target = next((lane for lane in lanes if lane not in held_by), None)
             if target is None:
                 continue
             heard = [lane.answered_at for lane in held_by if lane.answered_at is not None]
             yield batch, target, (max(heard) + wait if heard else self._now)
 
-    def _hedge_first_unanswered(self, lanes: List[Lane]) -> None:
+    def _hedge_first_due(self, lanes: List[Lane]) -> None:
         """No new item is left: deal the first batch that is due again (see
         :meth:`_hedges`) to a lane of ``lanes`` that does not hold it."""
         for batch, lane, due in self._hedges(lanes):
             if due <= self._now:
-                batch.hedged = True
                 self.hedged_lines += len(batch.lines) - len(batch.values)
                 self._give(lane, batch, len(batch.values))
                 return
@@ -413,9 +437,9 @@ class SplitPredictExchange:
         dues = [due for _, _, due in self._hedges(fits)]
         if not dues:
             return None
-        # A wake in the past would spin the driver: the step that follows
-        # deals what is due, so it is never needed.
-        due = max(min(dues), self._now + HEDGE_MIN_S)
+        # A wake in the past, or closer than an event loop can sleep, would
+        # spin the driver; the step that follows deals what is due by then.
+        due = max(min(dues), self._now + HEDGE_WAKE_AHEAD_S)
         if self._stop_dealing_at is not None and due >= self._stop_dealing_at:
             return None
         return due
@@ -571,6 +595,8 @@ class SplitPredictExchange:
         """When :meth:`step` must run again even if the pipes stay quiet."""
         if self._example_kind is not None and self._items_left and not self._cut_off:
             return self._now  # more items of the example to format: step again at once
+        if self._can_deal():
+            return self._now  # a lane (one just added, say) has room: deal at once
         wake = self.end_at
         if self._stop_dealing_at is not None and self.dealing:
             wake = self._stop_dealing_at
@@ -601,6 +627,10 @@ class SplitPredictExchange:
 HEDGE_MIN_S = 0.0002
 #: that time before any lane's pace is known
 HEDGE_UNKNOWN_S = 0.001
+#: the least time ahead of a step that a copy's wake is set (:meth:`SplitPredictExchange.wake_at`):
+#: an event loop sleeps in whole milliseconds, and asyncio's drivers take a
+#: wake under 1 ms away for "look again now", so a closer one spins them
+HEDGE_WAKE_AHEAD_S = 0.0015
 
 
 def _in_flight(lane: Lane) -> int:
