@@ -26,6 +26,7 @@ from .core.channel import Channel
 from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
                          refuse_in_audit_mode)
+from .model_file import saved_options_of
 from .deadlines import validate_seconds
 from .errors import VowpalWabbitError
 from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
@@ -166,8 +167,9 @@ class ClientBase:
     # --------------------------------------------------------------- kind
 
     def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> PredictionKind:
-        """The kind of model that ``vw_args`` (normalised) and this object's
-        ``prediction_type`` describe; the engine's command line follows from
+        """The kind of model that ``vw_args`` (normalised), the options saved
+        in the model file they load (:mod:`subwabbit.model_file`) and this
+        object's ``prediction_type`` describe; the engine's command line follows from
         it (:meth:`PredictionKind.engine_args
         <subwabbit.core.kinds.PredictionKind.engine_args>`), and so do the
         answer lines per example.
@@ -176,12 +178,14 @@ class ClientBase:
             ``prediction_type`` that contradicts ``vw_args``, or audit mode
             on a model whose predictions are not scalars
         """
-        kind = choose_kind(vw_args, self.prediction_type, self._default_prediction_type)
+        saved = saved_options_of(vw_args)
+        kind = choose_kind(vw_args, self.prediction_type, self._default_prediction_type,
+                           saved_options=saved)
         if audit_mode and kind.name not in (SCALAR, LABEL_STRINGS):
             raise ValueError(f"audit_mode serves models with scalar predictions only; this is "
                              f"a {kind.name!r} model ({kind.origin})")
         if audit_mode:
-            refuse_in_audit_mode(vw_args)
+            refuse_in_audit_mode(list(vw_args) + saved)
         return kind
 
     # ------------------------------------------------------------ channel

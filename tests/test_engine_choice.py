@@ -102,10 +102,13 @@ def test_engine_module_exits_1_when_an_example_stops_it():
     assert b"label" in err and out.splitlines()[0] == b"1"
 
 
-def test_write_only_training_that_an_example_stopped_fails_at_close(tmp_path):
-    # An --oaa model loaded with -i and no prediction_type takes label strings
-    # as they come; a typo stops vw's driver, which must not pass for success.
+def test_write_only_training_that_an_example_stopped_fails_at_close(tmp_path, monkeypatch):
+    # An --oaa model loaded with -i whose saved options cannot be read (a file
+    # of another format) is taken for a scalar one, whose label strings go as
+    # they come; a typo stops vw's driver, which must not pass for success.
     from subwabbit import VowpalWabbitEngineExitedError  # pylint: disable=import-outside-toplevel
+    from subwabbit import client  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(client, "saved_options_of", lambda vw_args: [])
     base, out = str(tmp_path / "oaa.vw"), tmp_path / "out.vw"
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet", "-f", base],
                              write_only=True) as trainer:

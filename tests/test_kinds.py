@@ -61,6 +61,60 @@ def test_prediction_type_names_the_kind_of_a_model_file():
         choose_kind([], "probabilities")
 
 
+# What vw 9.11 saves in model files of each reduction (read from real
+# files by tests/test_model_file.py).
+SAVED = {
+    "cb": "--cb 3 --cb_adf --cb_type mtr --csoaa_ldf multiline --csoaa_rank",
+    "cb_explore": "--cb_adf --cb_explore 3 --cb_explore_adf --cb_type mtr --csoaa_ldf "
+                  "multiline --csoaa_rank --epsilon 0.2",
+    "cb_adf": "--cb_adf --cb_type mtr --csoaa_ldf multiline --csoaa_rank --rank_all",
+    "cb_explore_adf": "--cb_adf --cb_explore_adf --cb_type mtr --csoaa_ldf multiline "
+                      "--csoaa_rank --epsilon 0.2",
+    "multiclass": "--named_labels walk,run,sprint --oaa 3",
+    "cost_sensitive": "--csoaa 3",
+    "multilabel": "--plt 6",
+    "scalar": "--link logistic --quadratic ab",
+}
+
+
+@pytest.mark.parametrize("name", list(SAVED))
+def test_the_reduction_saved_in_a_model_file_decides_its_kind(name):
+    kind = choose_kind(["-i", "m.vw", "-t"], saved_options=SAVED[name].split())
+    assert kind.name == name
+    if name != "scalar":
+        assert kind.origin.endswith(", saved in the model file")
+
+
+def test_the_arguments_count_before_a_model_files_saved_options():
+    saved = SAVED["multiclass"].split()
+    kind = choose_kind(["-i", "m"], saved_options=saved)
+    assert kind.classes.names == ("walk", "run", "sprint") and kind.classes.first == 1
+    assert choose_kind(["-i", "m", "--named_labels", "a,b,c"], saved_options=saved
+                       ).classes.names == ("a", "b", "c")
+    assert choose_kind(["-i", "m", "--probabilities"], saved_options=saved
+                       ).name == "class_probabilities"
+    assert choose_kind(["-i", "m"], saved_options=["--indexing", "0", "--oaa", "3"]
+                       ).classes.first == 0
+    assert choose_kind(["-i", "m"], saved_options=["--cb", "3", "--cb_force_legacy"]
+                       ).answer_lines == 1
+    assert choose_kind(["-i", "m", "--csoaa", "4"], saved_options=saved).name == "cost_sensitive"
+    assert choose_kind(["-i", "m"], default="label_strings", saved_options=["--plt", "6"]
+                       ).name == "label_strings"
+
+
+def test_a_model_file_of_a_reduction_subwabbit_cannot_serve_is_refused():
+    with pytest.raises(ValueError, match="the model file was trained with --ccb_explore_adf"):
+        choose_kind(["-i", "m"], saved_options=["--cb_adf", "--cb_explore_adf",
+                                                "--ccb_explore_adf", "--csoaa_ldf", "multiline"])
+    with pytest.raises(ValueError, match="the model file was trained with --csoaa_ldf"):
+        choose_kind(["-i", "m"], saved_options=["--csoaa_ldf", "multiline"])
+    with pytest.raises(ValueError, match="--probabilities for a model file of --ect"):
+        choose_kind(["-i", "m", "--probabilities"], saved_options=["--ect", "3"])
+    with pytest.raises(ValueError, match=r"prediction_type='cb' contradicts --oaa 3 saved in "
+                                         "the model file, which makes a 'multiclass' model"):
+        choose_kind(["-i", "m"], "cb", saved_options=SAVED["multiclass"].split())
+
+
 def test_the_plt_class_default_gives_label_strings_unless_told_otherwise():
     assert choose_kind(["--plt", "10"], default="label_strings").name == "label_strings"
     assert choose_kind(["-i", "m"], default="label_strings").name == "label_strings"

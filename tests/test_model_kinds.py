@@ -21,6 +21,7 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitPLTProcess,
                        VowpalWabbitProcess, VowpalWabbitStartupError)
 from subwabbit.command import default_engine_command
+from subwabbit import client as client_module
 from subwabbit.engine import program
 
 from conftest import ALL_KINDS, Client, DictFormatter, engine_from_file, in_child
@@ -249,10 +250,41 @@ def test_a_model_file_is_served_with_prediction_type(name, tmp_path):
     assert got == expected
 
 
-@pytest.mark.parametrize("name", ["cb", "cb_explore", "cb_adf", "cb_explore_adf"])
-def test_a_model_file_of_another_kind_fails_start_up_at_once_naming_prediction_type(name,
-                                                                                    tmp_path):
+@pytest.mark.parametrize("name", list(KINDS))
+def test_a_model_file_is_served_as_the_kind_its_saved_options_say(name, tmp_path):
+    """No prediction_type: the reductions saved in the file decide the kind
+    (a file of ``--cb 3`` saves ``--cb_adf`` too, and is still ``cb``)."""
+    kind = KINDS[name]
     model = _trained_file(name, tmp_path)
+    test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
+    expected = kind.read(engine_from_file(test, ["-i", model, "-t"] + kind.load_args, tmp_path))
+    with VowpalWabbitProcess(FORMATTER, ["-i", model, "-t", "--quiet"] + kind.load_args) as process:
+        assert process.prediction_kind.multi_line == kind.multi_line
+        assert "saved in the model file" in process.prediction_kind.origin
+        got = [list(process.predict(*request(index, size))) for index, size in TEST]
+    if not kind.multi_line:
+        got = [prediction for predictions in got for prediction in predictions]
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", ["cb", "cb_explore", "cb_adf", "cb_explore_adf"])
+def test_a_prediction_type_that_contradicts_the_model_file_is_refused_before_start(name,
+                                                                                  tmp_path):
+    model = _trained_file(name, tmp_path)
+    option = KINDS[name].args[0]
+    with pytest.raises(ValueError, match=f"prediction_type='multiclass' contradicts {option}"
+                                         r".* saved in the model file"):
+        VowpalWabbitProcess(FORMATTER, ["-i", model, "--quiet"], prediction_type="multiclass")
+
+
+@pytest.mark.parametrize("name", ["cb", "cb_explore", "cb_adf", "cb_explore_adf"])
+def test_a_model_file_whose_options_cannot_be_read_fails_start_up_naming_prediction_type(
+        name, tmp_path, monkeypatch):
+    """A header subwabbit cannot read (another format, say) leaves the kind
+    to the arguments; the start-up probe then finds the engine printing
+    another kind's answers, at once, in the thread and asyncio classes."""
+    model = _trained_file(name, tmp_path)
+    monkeypatch.setattr(client_module, "saved_options_of", lambda vw_args: [])
     began = time.perf_counter()
     with pytest.raises(VowpalWabbitStartupError, match="pass prediction_type="):
         VowpalWabbitProcess(FORMATTER, ["-i", model, "--quiet"], startup_timeout_s=60)
@@ -266,18 +298,42 @@ def test_a_model_file_of_another_kind_fails_start_up_at_once_naming_prediction_t
         asyncio.run(main())
 
 
-def test_a_legacy_cb_model_needs_cb_force_legacy_again(tmp_path):
+def test_a_legacy_cb_model_file_is_served_in_the_format_it_saved(tmp_path):
+    """``--cb_force_legacy`` is saved in the file and vw applies it again:
+    one line per example, the action counted from 1."""
     path = str(tmp_path / "legacy.vw")
     engine_from_file(["1:1:0.5 |a x", "2:0:0.5 |a y"], ["--cb", "3", "--cb_force_legacy",
                                                         "-f", path], tmp_path)
-    with pytest.raises(VowpalWabbitStartupError, match="prediction_type="):
-        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "--quiet"],
-                            prediction_type="cb")
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
-                             ["-i", path, "--cb_force_legacy", "--quiet"],
-                             prediction_type="cb") as model:
-        assert model.prediction_kind.answer_lines == 1
-        assert list(model.predict("", ["|a y"])) == [2]
+    assert engine_from_file(["|a y"], ["-i", path, "-t"], tmp_path) == [b"2"]
+    for extra in ([], ["--cb_force_legacy"]):
+        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "--quiet"] + extra,
+                                 prediction_type="cb") as model:
+            assert model.prediction_kind.answer_lines == 1
+            assert list(model.predict("", ["|a y"])) == [2]
+
+
+@pytest.mark.parametrize("prediction_type", [None, "multiclass"])
+def test_a_named_label_model_file_refuses_a_misspelt_label_before_anything_reaches_vw(
+        prediction_type, tmp_path):
+    """The class names are saved in the file: a write-only process that
+    loads it checks labels against them, where a misspelt one used to be
+    learnt as another class with only a warning."""
+    first, second = str(tmp_path / "first.vw"), str(tmp_path / "second.vw")
+    formatter = VowpalWabbitDummyFormatter()
+    with VowpalWabbitProcess(formatter, ["--oaa", "3", "--named_labels", "walk,run,sprint",
+                                         "-f", first, "--quiet"], write_only=True) as model:
+        model.train("", ["|a x", "|a y", "|a z"], ["walk", "run", "sprint"])
+    with VowpalWabbitProcess(formatter, ["-i", first, "-f", second, "--quiet"],
+                             write_only=True, prediction_type=prediction_type) as model:
+        assert model.prediction_kind.classes.names == ("walk", "run", "sprint")
+        with pytest.raises(ValueError, match="one of walk, run, sprint.*got 'spurt'"):
+            model.train("", ["|a x", "|a y"], ["walk", "spurt"])
+        model.train("", ["|a x", "|a y"], ["walk", "run"])
+    with VowpalWabbitProcess(formatter, ["-i", second, "-t", "--quiet"],
+                             prediction_type=prediction_type) as model:
+        assert list(model.predict("", ["|a x", "|a y"])) == [
+            line.decode() for line in engine_from_file(["|a x", "|a y"], ["-i", second, "-t"],
+                                                       tmp_path)]
 
 
 # ------------------------------------------------- never misattributed

@@ -13,10 +13,10 @@ that every client (and a pool of engines) uses the same way:
   order (:meth:`PredictionKind.parse_answers`, :meth:`PredictionKind.parse_example`);
 * how a training label is checked and written (:meth:`PredictionKind.check_labels`).
 
-:func:`choose_kind` picks the kind from the engine arguments, or from an
-explicit ``prediction_type`` (a model file loaded with ``-i`` carries its
-reductions, which the arguments then do not show). Output formats were
-measured on vw 9.x (both vw's own driver and the wheel's engine):
+:func:`choose_kind` picks the kind from the engine arguments, from the
+options saved in a model file loaded with ``-i`` (which the arguments then
+do not show; :mod:`subwabbit.model_file` reads them), or from an explicit
+``prediction_type``. Output formats were measured on vw 9.x (both vw's own driver and the wheel's engine):
 
 ============================ ======================================= ==============
 reduction                    one example's output                    kind
@@ -717,6 +717,17 @@ _REDUCTIONS: Tuple[Tuple[str, str], ...] = (
     ("--recall_tree", MULTICLASS),
 )
 
+#: The same, in the order they decide the kind of a model file: a file
+#: saves the reductions a reduction is built on (``--cb 3`` saves ``--cb_adf``
+#: as well, ``--cb_explore 3`` both ``--cb_explore_adf`` and ``--cb_adf``).
+_SAVED_REDUCTIONS: Tuple[str, ...] = (
+    "--cb_explore", "--cb", "--cb_explore_adf", "--cb_adf", "--multilabel_oaa", "--plt",
+    "--csoaa", "--oaa", "--ect", "--log_multi", "--recall_tree")
+
+#: What a file saves for the contextual-bandit reductions it is built on
+#: (their cost-sensitive learner), not reductions of its own
+_SAVED_INTERNALS = ("--csoaa_ldf", "--csoaa_rank")
+
 #: Families of kinds: an explicit prediction_type may refine what the
 #: arguments say within a family (``--probabilities`` given again with a
 #: model file, say), not contradict it.
@@ -794,18 +805,26 @@ def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
 
 
 def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
-                default: Optional[str] = None) -> PredictionKind:
-    """The kind of model the engine arguments (or ``prediction_type``) describe.
+                default: Optional[str] = None,
+                saved_options: Sequence[str] = ()) -> PredictionKind:
+    """The kind of model the engine arguments, the model file's saved options
+    or ``prediction_type`` describe.
 
     :param vw_args: normalised engine arguments
     :param prediction_type: one of :data:`KINDS`, for a model file whose
-        reductions the arguments do not show; it must agree with the
-        reductions the arguments do show
-    :param default: the kind of a client class when neither says one
+        reductions neither the arguments nor its saved options show; it must
+        agree with the reductions they do show
+    :param default: the kind of a client class when none of them says one
         (:class:`~subwabbit.plt.VowpalWabbitPLTProcess`: ``'label_strings'``,
         used for ``--plt``/``--multilabel_oaa`` or no reduction)
+    :param saved_options: the options saved in the model file that
+        ``vw_args`` load (:func:`subwabbit.model_file.saved_options_of`):
+        its reduction decides the kind when ``vw_args`` name none, and its
+        ``--named_labels``, ``--indexing`` and ``--cb_force_legacy`` count
+        unless ``vw_args`` give them again
     :raises ValueError: for an unknown ``prediction_type``, one that
-        contradicts the arguments, or a reduction subwabbit cannot serve
+        contradicts the arguments or the file, or a reduction subwabbit
+        cannot serve
     """
     args = list(vw_args)
     refuse_unservable(args)
@@ -814,14 +833,26 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
                          f"got {prediction_type!r}")
     names = {option_name(token) for token in args}
     option = next((option for option, _ in _REDUCTIONS if option in names), None)
+    where = "in vw_args"
+    source = args
+    saved = list(saved_options)
+    if option is None and saved:
+        option = _saved_reduction(saved)
+        if option is not None:
+            where, source = "saved in the model file", saved
+            if "--probabilities" in names and option != "--oaa":
+                raise ValueError(f"vw_args contain --probabilities for a model file of "
+                                 f"{option}: subwabbit serves --probabilities with --oaa only")
     inferred = dict(_REDUCTIONS).get(option) if option else None
     if inferred in (MULTICLASS, None) and "--probabilities" in names:
         inferred = CLASS_PROBABILITIES
     elif inferred == MULTICLASS and "--scores" in names:
         inferred = CLASS_SCORES
     if option is not None:
-        count = _option_value(args, option)
+        count = _option_value(source, option)
         origin = f"{option} {count}" if count else option
+        if source is saved:
+            origin += ", saved in the model file"
     else:
         origin = "--probabilities" if inferred else "no reduction in vw_args"
     if prediction_type is not None:
@@ -830,14 +861,34 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
             chosen = inferred  # --probabilities given again with a model file
         if inferred is not None and (_FAMILY.get(chosen, chosen)
                                      != _FAMILY.get(inferred, inferred)):
-            raise ValueError(f"prediction_type={prediction_type!r} contradicts {origin} in "
-                             f"vw_args, which makes a {inferred!r} model")
+            shown = origin.replace(", saved in the model file", "")
+            raise ValueError(f"prediction_type={prediction_type!r} contradicts {shown} "
+                             f"{where}, which makes a {inferred!r} model")
         origin = f"prediction_type={prediction_type!r}"
     elif default is not None and inferred in (None, MULTILABEL):
         chosen = default
     else:
         chosen = inferred or SCALAR
-    return _build(chosen, args, origin, _count(args, option) if option else None)
+    # What the arguments say last counts: the file's options come first.
+    return _build(chosen, saved + args, origin, _count(source, option) if option else None)
+
+
+def _saved_reduction(saved: List[str]) -> Optional[str]:
+    """The reduction that decides the kind of a model file with these saved
+    options (``None``: none of :data:`_REDUCTIONS`).
+
+    :raises ValueError: for a reduction subwabbit cannot serve
+    """
+    names = [option_name(token) for token in saved]
+    option = next((option for option in _SAVED_REDUCTIONS if option in names), None)
+    internal = _SAVED_INTERNALS if option in ("--cb_explore", "--cb", "--cb_explore_adf",
+                                              "--cb_adf") else ()
+    try:
+        refuse_unservable([token for token in saved if option_name(token) not in internal])
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("vw_args contains", "the model file was trained with",
+                                          1)) from None
+    return option
 
 
 def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> PredictionKind:
