@@ -10,7 +10,9 @@ reaches the engine (see :func:`~subwabbit.core.kinds.choose_kind`).
 
 The header is read without parsing its fields one by one, which change with
 vw's versions: the option text is the first length-prefixed, NUL-terminated
-text in the header that starts with ``--``. A file whose header has no
+text without control characters in the header that starts with ``--``
+(UTF-8: class names need not be ASCII), beginning in the file's first
+:data:`HEADER_BYTES`. A file whose header has no
 such text (a model with no options saved, one of another format, a path
 that is not a regular file) gives no options, and the engine's start-up
 probe is then the only check, as before.
@@ -21,17 +23,23 @@ import logging
 import os
 import re
 import struct
-from typing import List, Optional, Sequence
+from typing import BinaryIO, List, Optional, Sequence
 
 from .engine.program import option_name
 
 logger = logging.getLogger(__name__)
 
-#: how much of a file is searched for the option text
+#: how much of a file is searched for the start of the option text (which
+#: may run past it: a long ``--named_labels`` list)
 HEADER_BYTES = 1 << 16
+#: the longest option text read
+MAX_OPTION_TEXT = 1 << 26
 
-# a little-endian length, then that many bytes: printable text from "--" to a NUL
-_OPTION_TEXT = re.compile(rb"(?s)(.{4})( ?--[\x20-\x7e]*)\x00")
+# a little-endian length, then the option text's first bytes (every place
+# where they may begin: the matches may overlap)
+_OPTION_START = re.compile(rb"(?s)(?=(.{4}) ?--)")
+# the rest of it: no control character but the NUL that ends it
+_OPTION_TEXT = re.compile(rb"[^\x00-\x1f\x7f]*\x00")
 
 
 def model_file_path(vw_args: Sequence[str]) -> Optional[str]:
@@ -55,19 +63,31 @@ def saved_options(path: str) -> Optional[List[str]]:
     try:
         if not os.path.isfile(path):
             return None
-        with open(path, "rb") as stream:
+        with _open(path) as stream:
             header = stream.read(HEADER_BYTES)
-        if header[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as stream:
-                header = stream.read(HEADER_BYTES)
-    except (OSError, EOFError) as exc:
-        logger.debug("cannot read the header of the model file %s: %r", path, exc)
-        return None
-    for found in _OPTION_TEXT.finditer(header):
-        text = found.group(2)
-        if struct.unpack("<I", found.group(1))[0] == len(text) + 1:
-            return text.decode("ascii").split()
+            for found in _OPTION_START.finditer(header):
+                length = struct.unpack("<I", found.group(1))[0]
+                if not 3 <= length <= MAX_OPTION_TEXT:
+                    continue
+                start = found.start() + 4
+                if start + length > len(header):  # a long text: read the rest of it
+                    header += stream.read(start + length - len(header))
+                text = header[start:start + length]
+                if len(text) == length and _OPTION_TEXT.fullmatch(text):
+                    return text[:-1].decode("utf-8").split()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        logger.debug("cannot read the options saved in the model file %s: %r", path, exc)
     return None
+
+
+def _open(path: str) -> BinaryIO:
+    """``path`` opened for reading, decompressed when it is gzipped."""
+    stream: BinaryIO = open(path, "rb")  # pylint: disable=consider-using-with
+    if stream.read(2) == b"\x1f\x8b":
+        stream.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    stream.seek(0)
+    return stream
 
 
 def saved_options_of(vw_args: Sequence[str]) -> List[str]:

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from subwabbit.model_file import model_file_path, saved_options, saved_options_of
+from subwabbit.model_file import (HEADER_BYTES, model_file_path, saved_options,
+                                  saved_options_of)
 
 from conftest import engine_from_file
 
@@ -29,6 +30,18 @@ def test_the_saved_options_are_read_from_a_model_file(args, saved, tmp_path):
     with open(path, "rb") as source, gzip.open(str(tmp_path / "model.vw.gz"), "wb") as target:
         shutil.copyfileobj(source, target)
     assert saved_options(str(tmp_path / "model.vw.gz")) == saved
+
+
+def test_a_long_option_text_is_read_whole(tmp_path):
+    """4,000 class names make an option text longer than the part of the
+    file searched for its start (HEADER_BYTES)."""
+    names = [f"class_name_{index:08d}_é" for index in range(4000)]
+    path = str(tmp_path / "model.vw")
+    engine_from_file(["|a x"], ["--oaa", "4000", "--named_labels", ",".join(names), "-f", path],
+                     tmp_path)
+    saved = saved_options(path)
+    assert saved == ["--named_labels", ",".join(names), "--oaa", "4000"]
+    assert len(saved[1]) > HEADER_BYTES
 
 
 def test_no_options_from_a_file_that_is_not_a_model_file_or_saved_none(tmp_path):

@@ -821,7 +821,7 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
         ``vw_args`` load (:func:`subwabbit.model_file.saved_options_of`):
         its reduction decides the kind when ``vw_args`` name none, and its
         ``--named_labels``, ``--indexing`` and ``--cb_force_legacy`` count
-        unless ``vw_args`` give them again
+        (vw refuses to start when ``vw_args`` give other values)
     :raises ValueError: for an unknown ``prediction_type``, one that
         contradicts the arguments or the file, or a reduction subwabbit
         cannot serve
