@@ -151,6 +151,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._engine: Optional[EngineProcess] = None
         self._channel: Optional[Channel] = None
         self._replacement: Optional[_Replacement] = None
+        #: an engine close() killed under another thread's call: its pipes are
+        #: that call's until it ends its turn, which closes them
+        self._close_on_turn_end: Optional[EngineProcess] = None
         self._closed = False
         VowpalWabbitBaseModel.__init__(self, formatter)
         self._configure(formatter, vw_args, batch_size, write_only=write_only,
@@ -302,10 +305,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     def _end_turn(self, token: object) -> None:
         with self._turn:
-            if self._holder is not None and self._holder[1] is token:
-                # Hand the process to the oldest waiter (see _wait_for_turn).
-                self._holder = self._turn_queue.popleft() if self._turn_queue else None
-                self._turn.notify_all()
+            if self._holder is None or self._holder[1] is not token:
+                return
+            # Hand the process to the oldest waiter (see _wait_for_turn).
+            self._holder = self._turn_queue.popleft() if self._turn_queue else None
+            self._turn.notify_all()
+            engine, self._close_on_turn_end = self._close_on_turn_end, None
+        if engine is not None:  # close() left it to this call: the call is over
+            engine.abort()
 
     def _busy_error(self, waited: float) -> VowpalWabbitBusyError:
         return VowpalWabbitBusyError(
@@ -751,7 +758,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """Stop the engine: close its input so that it finishes (and writes a
         ``-f`` model), then SIGTERM and SIGKILL it if it has not exited near
         the end of ``timeout``. Returns within ``timeout`` seconds (another
-        thread's running call is given half of it to finish first). Closing
+        thread's running call is given half of it to finish first; then its
+        engine is killed, and a call that still runs at three quarters of it
+        keeps the engine's pipes and closes them when it ends). Closing
         twice is harmless. In a forked child it only lets go of the parent's
         engine.
 
@@ -771,19 +780,23 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                            self)
             self._engine.kill()
             held = self._wait_for_turn(token, began + timeout * 0.75)
-            # If it still holds on, its engine's pipes are closed under it: its
-            # call was ended (_abandon_channel) and a closed EngineProcess
-            # refuses to read or write, which leaves only the instant between
-            # that check and the system call (the pools leave such pipes to
-            # the call instead: Slot.close_on_return).
         try:
             with self._turn:  # an engine being adopted is either seen below or refused
                 self._closed = True
+                # A call that still holds on keeps its (killed) engine's pipes
+                # until it ends its turn: closed under it, their descriptor
+                # numbers could go to another engine's pipe or a file before
+                # its next read or write, which would then take bytes that are
+                # not its own.
+                leave_to_call = not held and self._holder is not None \
+                    and self._engine is not None
+                if leave_to_call:
+                    self._close_on_turn_end = self._engine
             self._abandon_channel("the process was closed")
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
-            if self._engine is not None:
+            if self._engine is not None and not leave_to_call:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
         finally:
             if held:

@@ -4,6 +4,7 @@ Every test drives a real engine (or a small Python child that plays a stubborn
 one) through both process classes.
 """
 
+import fcntl
 import gc
 import logging
 import math
@@ -485,6 +486,74 @@ def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_mo
     thread.join(10)
     assert isinstance(outcome.get("error"), VowpalWabbitError)
     assert engine_pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_never_closes_pipes_a_call_still_uses(cls, trained_model):
+    """close(0.2) cannot wait for a call parked in user code. Were the
+    engine's descriptors closed under it, their numbers would go to the next
+    pipe opened (another engine's, in a service): here a pipe of answers
+    that are nobody's. The call must neither read them nor write into it,
+    and closes its killed engine's pipes itself when it ends (the pools'
+    test of the same is in test_pool.py)."""
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine = model._engine  # pylint: disable=protected-access
+    parked, resume = threading.Event(), threading.Event()
+    outcome = {}
+
+    def holder():
+        iterator = model.predict({"user": 1}, _items(2000))
+        next(iterator)
+        parked.set()
+        resume.wait(30)  # parked in user code, holding the process
+        try:
+            outcome["rest"] = list(iterator)
+        except VowpalWabbitError as exc:
+            outcome["error"] = exc
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["wrong error"] = exc
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert parked.wait(10)
+    began = time.perf_counter()
+    model.close(timeout=0.2)
+    assert time.perf_counter() - began < 0.2 + 0.5
+    marker = b"0.5\n" * 1000
+    read_end, write_end = (fcntl.fcntl(end, fcntl.F_DUPFD, 100) for end in os.pipe())
+    planted = []
+    try:
+        os.set_blocking(read_end, False)
+        os.write(write_end, marker)
+        for number, end in ((engine.stdout_fd, read_end), (engine.stdin_fd, write_end)):
+            try:
+                os.fstat(number)  # still open: the call's, left alone
+            except OSError:
+                os.dup2(end, number)
+                planted.append(number)
+        # The pipes are still the call's: between its check that the engine is
+        # open and its next system call, nothing else can take their numbers.
+        assert planted == []
+        until = time.time() + 5  # the engine close() killed is dead before the call goes on
+        while time.time() < until and _state(engine.pid) not in ("Z", "gone"):
+            time.sleep(0.01)
+        resume.set()
+        thread.join(30)
+        left = b""
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            left += chunk
+    finally:
+        resume.set()
+        for number in planted + [read_end, write_end]:
+            os.close(number)
+    assert not thread.is_alive()
+    assert left == marker  # nothing read from it, nothing written into it
+    assert "error" in outcome and "closed" in str(outcome["error"]), outcome
+    assert engine.closed and engine.pid not in children_of_this_process()
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
