@@ -2,6 +2,8 @@
 for the same lines read from a file (the ground truth every test compares to)."""
 
 import asyncio
+import contextlib
+import fcntl
 import gc
 import json
 import os
@@ -9,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -308,3 +310,43 @@ def slow_starting_engine(tmp_path: Any, seconds: float) -> "tuple[Any, List[str]
         f"    time.sleep({seconds!r})\n"
         "os.execv(sys.argv[1], sys.argv[1:])\n")
     return flag, [sys.executable, str(wrapper)] + default_engine_command()
+
+
+class PlantedPipe:
+    """A pipe holding answers that are nobody's (:attr:`marker`), put on
+    whichever of an engine's stdout and stdin descriptor numbers were freed
+    (:attr:`numbers`): were a call to use the numbers of pipes closed under
+    it, it would read from or write into this pipe (:attr:`left` tells)."""
+
+    marker = b"0.5\n" * 1000
+
+    def __init__(self) -> None:
+        self.numbers: List[int] = []
+        self.left = b""
+
+
+@contextlib.contextmanager
+def pipe_on_freed_numbers(engine: Any) -> Iterator[PlantedPipe]:
+    """Plant a :class:`PlantedPipe` on ``engine``'s freed descriptor numbers;
+    on exit, read what is left in it and close what was planted."""
+    planted = PlantedPipe()
+    read_end, write_end = (fcntl.fcntl(end, fcntl.F_DUPFD, 100) for end in os.pipe())
+    try:
+        os.set_blocking(read_end, False)
+        os.write(write_end, planted.marker)
+        for number, end in ((engine.stdout_fd, read_end), (engine.stdin_fd, write_end)):
+            try:
+                os.fstat(number)  # still open: the call's, left alone
+            except OSError:
+                os.dup2(end, number)
+                planted.numbers.append(number)
+        yield planted
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            planted.left += chunk
+    finally:
+        for number in planted.numbers + [read_end, write_end]:
+            os.close(number)

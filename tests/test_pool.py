@@ -5,7 +5,6 @@ Every prediction is compared with what the engine prints for the same lines
 read from a file, for the model that served the call.
 """
 
-import fcntl
 import json
 import math
 import os
@@ -19,8 +18,8 @@ import pytest
 from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 
-from conftest import (CyclesLeft, DictFormatter, common, in_child, items, proc_stat,
-                      process_gone, scoring_args)
+from conftest import (CyclesLeft, DictFormatter, common, in_child, items,
+                      pipe_on_freed_numbers, proc_stat, process_gone, scoring_args)
 
 
 @pytest.fixture
@@ -513,36 +512,17 @@ def test_close_never_closes_pipes_a_call_still_uses(trained_model, truth):
     began = time.perf_counter()
     pool.close(timeout=0.2)
     assert time.perf_counter() - began < 0.2 + 0.5
-    marker = b"0.5\n" * 1000
-    read_end, write_end = (fcntl.fcntl(end, fcntl.F_DUPFD, 100) for end in os.pipe())
-    planted = []
     try:
-        os.set_blocking(read_end, False)
-        os.write(write_end, marker)
-        for number, end in ((engine.stdout_fd, read_end), (engine.stdin_fd, write_end)):
-            try:
-                os.fstat(number)  # still open: the call's, left alone
-            except OSError:
-                os.dup2(end, number)
-                planted.append(number)
-        until = time.time() + 5  # the engine close() killed is dead before the call goes on
-        while time.time() < until and (proc_stat(engine.pid) or ["Z"])[0] != "Z":
-            time.sleep(0.01)
-        formatter.resume.set()
-        thread.join(30)
-        left = b""
-        while True:
-            try:
-                chunk = os.read(read_end, 1 << 16)
-            except BlockingIOError:
-                break
-            left += chunk
+        with pipe_on_freed_numbers(engine) as planted:
+            until = time.time() + 5  # the engine close() killed is dead before the call goes on
+            while time.time() < until and (proc_stat(engine.pid) or ["Z"])[0] != "Z":
+                time.sleep(0.01)
+            formatter.resume.set()
+            thread.join(30)
     finally:
         formatter.resume.set()
-        for number in planted + [read_end, write_end]:
-            os.close(number)
     assert not thread.is_alive()
-    assert left == marker  # nothing read from it, nothing written into it
+    assert planted.left == planted.marker  # nothing read from it, nothing written into it
     assert "got" in outcome, outcome  # it ends with what it has
     assert outcome["got"] == truth[trained_model][1][:len(outcome["got"])]
     assert metrics["engine_failures"] == 0  # close() killed its engine: no failure

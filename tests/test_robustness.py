@@ -4,7 +4,6 @@ Every test drives a real engine (or a small Python child that plays a stubborn
 one) through both process classes.
 """
 
-import fcntl
 import gc
 import logging
 import math
@@ -25,8 +24,8 @@ from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
                        VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
-                       common, expected_for, expected_scalars, format_lines, open_fds, proc_stat,
-                       scoring_args, slow_starting_engine)
+                       common, expected_for, expected_scalars, format_lines, open_fds,
+                       pipe_on_freed_numbers, proc_stat, scoring_args, slow_starting_engine)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
@@ -460,26 +459,36 @@ def _state(pid: int) -> str:
     return "gone" if fields is None else fields[0]
 
 
-@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
-def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_model):
-    model = cls(DictFormatter(), scoring_args(trained_model))
-    engine_pid = model.pid
-    holder_ready = threading.Event()
+def _parked_call(model, resume, park_s):
+    """A thread whose call takes its first prediction, then parks in user
+    code, holding the process, until ``resume`` is set or ``park_s`` passed,
+    and reads the rest: ``(thread, outcome)``, once it is parked."""
+    parked = threading.Event()
     outcome = {}
 
     def holder():
         iterator = model.predict({"user": 1}, _items(2000))
         next(iterator)
-        holder_ready.set()
-        time.sleep(0.6)  # parked in user code, holding the process
+        parked.set()
+        resume.wait(park_s)
         try:
-            list(iterator)
+            outcome["rest"] = list(iterator)
         except VowpalWabbitError as exc:
             outcome["error"] = exc
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["wrong error"] = exc
 
     thread = threading.Thread(target=holder)
     thread.start()
-    assert holder_ready.wait(10)
+    assert parked.wait(10)
+    return thread, outcome
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_model):
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine_pid = model.pid
+    thread, outcome = _parked_call(model, threading.Event(), park_s=0.6)
     began = time.perf_counter()
     model.close(timeout=1.0)
     assert time.perf_counter() - began < 1.0 + 0.1
@@ -498,60 +507,25 @@ def test_close_never_closes_pipes_a_call_still_uses(cls, trained_model):
     test of the same is in test_pool.py)."""
     model = cls(DictFormatter(), scoring_args(trained_model))
     engine = model._engine  # pylint: disable=protected-access
-    parked, resume = threading.Event(), threading.Event()
-    outcome = {}
-
-    def holder():
-        iterator = model.predict({"user": 1}, _items(2000))
-        next(iterator)
-        parked.set()
-        resume.wait(30)  # parked in user code, holding the process
-        try:
-            outcome["rest"] = list(iterator)
-        except VowpalWabbitError as exc:
-            outcome["error"] = exc
-        except BaseException as exc:  # pylint: disable=broad-except
-            outcome["wrong error"] = exc
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert parked.wait(10)
+    resume = threading.Event()
+    thread, outcome = _parked_call(model, resume, park_s=30)
     began = time.perf_counter()
     model.close(timeout=0.2)
     assert time.perf_counter() - began < 0.2 + 0.5
-    marker = b"0.5\n" * 1000
-    read_end, write_end = (fcntl.fcntl(end, fcntl.F_DUPFD, 100) for end in os.pipe())
-    planted = []
     try:
-        os.set_blocking(read_end, False)
-        os.write(write_end, marker)
-        for number, end in ((engine.stdout_fd, read_end), (engine.stdin_fd, write_end)):
-            try:
-                os.fstat(number)  # still open: the call's, left alone
-            except OSError:
-                os.dup2(end, number)
-                planted.append(number)
-        # The pipes are still the call's: between its check that the engine is
-        # open and its next system call, nothing else can take their numbers.
-        assert planted == []
-        until = time.time() + 5  # the engine close() killed is dead before the call goes on
-        while time.time() < until and _state(engine.pid) not in ("Z", "gone"):
-            time.sleep(0.01)
-        resume.set()
-        thread.join(30)
-        left = b""
-        while True:
-            try:
-                chunk = os.read(read_end, 1 << 16)
-            except BlockingIOError:
-                break
-            left += chunk
+        with pipe_on_freed_numbers(engine) as planted:
+            # The pipes are still the call's: between its check that the engine
+            # is open and its next system call, nothing else can take their numbers.
+            assert planted.numbers == []
+            until = time.time() + 5  # the engine close() killed is dead before the call goes on
+            while time.time() < until and _state(engine.pid) not in ("Z", "gone"):
+                time.sleep(0.01)
+            resume.set()
+            thread.join(30)
     finally:
         resume.set()
-        for number in planted + [read_end, write_end]:
-            os.close(number)
     assert not thread.is_alive()
-    assert left == marker  # nothing read from it, nothing written into it
+    assert planted.left == planted.marker  # nothing read from it, nothing written into it
     assert "error" in outcome and "closed" in str(outcome["error"]), outcome
     assert engine.closed and engine.pid not in children_of_this_process()
 
