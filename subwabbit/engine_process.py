@@ -459,22 +459,49 @@ class EngineProcess:
         if code is None:
             return None
         logger.info("vw[%d] %s", self.pid, describe_returncode(code))
-        if code != 0 and not self._killed_by_us and not self._failure_reported:
+        failure = self.own_failure(code)
+        if failure is not None:
+            raise failure
+        return code
+
+    def own_failure(self, code: int) -> Optional[VowpalWabbitEngineExitedError]:
+        """The error of an engine that exited with status ``code`` on its own
+        (not killed by this object) after a failure no earlier error
+        reported, or ``None``; the failure counts as reported from then on.
+        A non-zero status is one; so is 0 after reporting an example that
+        stopped it: the wheel's driver stops at an example it cannot read and
+        exits 0 as if its input had ended (the vw executable exits 1)."""
+        if self._killed_by_us or self._failure_reported:
+            return None
+        if code != 0:
             self._failure_reported = True
-            raise VowpalWabbitEngineExitedError(
+            return VowpalWabbitEngineExitedError(
                 "the vw engine failed while shutting down", argv=self.argv, returncode=code,
                 stderr_tail=self.stderr_tail())
-        if code == 0 and not self._killed_by_us and not self._failure_reported \
-                and _EXAMPLE_ERROR.search(self.stderr_tail()):
-            # The wheel's driver stops at an example it cannot read and exits
-            # 0 as if its input had ended (the vw executable exits 1).
+        if _EXAMPLE_ERROR.search(self.stderr_tail()):
             self._failure_reported = True
-            raise VowpalWabbitEngineExitedError(
+            return VowpalWabbitEngineExitedError(
                 "the vw engine stopped at an example it could not read: the examples sent "
                 "after it were not learnt, and a -f model it wrote (over any file of that "
                 "name) lacks them",
                 argv=self.argv, returncode=code, stderr_tail=self.stderr_tail())
-        return code
+        return None
+
+    def close_killed(self) -> None:
+        """Kill the engine (if it still runs), close its pipes now and reap it
+        in the background: never waits (for a call that had to leave its
+        engine's pipes open until it ended; see ``close()`` of the model
+        classes). Idempotent."""
+        if self._closed or self._abandoned:
+            return
+        self._closed = True
+        self._killed_by_us = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self._close_pipes(time.perf_counter())
+        if self.proc.poll() is None:
+            threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
+                             daemon=True).start()
 
     def close_input(self) -> None:
         """Close the engine's stdin (it then finishes, writes a ``-f`` model and exits)."""
@@ -504,9 +531,10 @@ class EngineProcess:
             self.proc.terminate()
 
     def kill(self) -> None:
-        """Send SIGKILL now (the pipes stay open until :meth:`close`)."""
-        self._killed_by_us = True
+        """Send SIGKILL now, unless the engine has exited already (then its
+        exit status is its own); the pipes stay open until :meth:`close`."""
         if self.proc.poll() is None:
+            self._killed_by_us = True
             self.proc.kill()
 
     def _await_exit_unless_stopped(self, wait_s: float) -> None:

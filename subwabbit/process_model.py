@@ -288,11 +288,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                         return False
                     self._turn.wait(left)
             except BaseException:  # KeyboardInterrupt, a signal handler's exception
+                engine = None
                 if self._holder is entry:  # handed to us meanwhile: pass it on
-                    self._holder = self._turn_queue.popleft() if self._turn_queue else None
-                    self._turn.notify_all()
+                    engine = self._pass_turn_locked()
                 elif entry in self._turn_queue:
                     self._turn_queue.remove(entry)
+                if engine is not None:
+                    engine.close_killed()
                 raise
             return True
 
@@ -307,12 +309,21 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         with self._turn:
             if self._holder is None or self._holder[1] is not token:
                 return
-            # Hand the process to the oldest waiter (see _wait_for_turn).
-            self._holder = self._turn_queue.popleft() if self._turn_queue else None
-            self._turn.notify_all()
-            engine, self._close_on_turn_end = self._close_on_turn_end, None
+            engine = self._pass_turn_locked()
         if engine is not None:  # close() left it to this call: the call is over
-            engine.abort()
+            engine.close_killed()
+
+    def _pass_turn_locked(self) -> Optional[EngineProcess]:
+        """Hand the process to the oldest waiter (see :meth:`_wait_for_turn`),
+        with ``_turn`` held.
+
+        :returns: the engine that close() left to the call whose turn this
+            was, now to be closed (outside the lock)
+        """
+        self._holder = self._turn_queue.popleft() if self._turn_queue else None
+        self._turn.notify_all()
+        engine, self._close_on_turn_end = self._close_on_turn_end, None
+        return engine
 
     def _busy_error(self, waited: float) -> VowpalWabbitBusyError:
         return VowpalWabbitBusyError(
@@ -759,8 +770,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         ``-f`` model), then SIGTERM and SIGKILL it if it has not exited near
         the end of ``timeout``. Returns within ``timeout`` seconds (another
         thread's running call is given half of it to finish first; then its
-        engine is killed, and a call that still runs at three quarters of it
-        keeps the engine's pipes and closes them when it ends). Closing
+        engine is killed if it still runs, and a call that still runs at three
+        quarters of it keeps the engine's pipes and closes them when it
+        ends). Closing
         twice is harmless. In a forked child it only lets go of the parent's
         engine.
 
@@ -788,8 +800,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 # numbers could go to another engine's pipe or a file before
                 # its next read or write, which would then take bytes that are
                 # not its own.
-                leave_to_call = not held and self._holder is not None \
-                    and self._engine is not None
+                leave_to_call = (not held and self._holder is not None
+                                 and self._engine is not None)
                 if leave_to_call:
                     self._close_on_turn_end = self._engine
             self._abandon_channel("the process was closed")
@@ -798,6 +810,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
+            elif leave_to_call:
+                # An engine that had exited on its own before close() killed
+                # it: its failure is this close()'s to report, as it would be
+                # had its pipes been closed here.
+                code = self._engine.proc.poll()
+                failure = None if code is None else self._engine.own_failure(code)
+                if failure is not None:
+                    raise failure
         finally:
             if held:
                 self._end_turn(token)
@@ -830,6 +850,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._replacement.abandon_in_fork()
         self._abandon_channel("the process was forked; its engine belongs to the parent")
         self._engine = self._channel = self._replacement = None
+        self._close_on_turn_end = None
         self._broken = None
 
 

@@ -531,6 +531,31 @@ def test_close_never_closes_pipes_a_call_still_uses(cls, trained_model):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_reports_an_engine_that_died_on_its_own_under_a_parked_call(cls, trained_model):
+    """The engine is gone (SIGTERM from outside) while a call is parked
+    holding it: close() leaves its pipes to the call, and still reports the
+    failure, as it does when it closes them itself."""
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine = model._engine  # pylint: disable=protected-access
+    resume = threading.Event()
+    thread, outcome = _parked_call(model, resume, park_s=30)
+    try:
+        os.kill(engine.pid, signal.SIGTERM)
+        until = time.time() + 5
+        while time.time() < until and _state(engine.pid) not in ("Z", "gone"):
+            time.sleep(0.01)
+        began = time.perf_counter()
+        with pytest.raises(VowpalWabbitEngineExitedError, match="failed while shutting down"):
+            model.close(timeout=0.2)
+        assert time.perf_counter() - began < 0.2 + 0.5
+    finally:
+        resume.set()
+        thread.join(30)
+    assert "error" in outcome, outcome
+    assert engine.closed and engine.pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
 def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(cls, tmp_path):
     """close() cannot wait for a restart() whose engine is slow to start; the
     engine that start gives must not be adopted by the closed object (it ran,
