@@ -557,6 +557,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             process for longer than ``io_timeout_s``
         """
         timeout = required_seconds(timeout, "timeout")
+        if self._closed:  # at once, not after waiting for a call left holding it
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = time.perf_counter()
         token = object()
         if not self._wait_for_turn(token, self._turn_limit(began, None)):

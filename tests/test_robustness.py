@@ -531,6 +531,22 @@ def test_close_never_closes_pipes_a_call_still_uses(cls, trained_model):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_restart_of_a_process_closed_under_a_parked_call_raises_at_once(cls, trained_model):
+    model = cls(DictFormatter(), scoring_args(trained_model), io_timeout_s=30)
+    resume = threading.Event()
+    thread, _ = _parked_call(model, resume, park_s=30)
+    try:
+        model.close(timeout=0.2)
+        began = time.perf_counter()
+        with pytest.raises(VowpalWabbitError, match="is closed"):
+            model.restart()
+        assert time.perf_counter() - began < 1  # not after io_timeout_s
+    finally:
+        resume.set()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
 def test_close_reports_an_engine_that_died_on_its_own_under_a_parked_call(cls, trained_model):
     """The engine is gone (SIGTERM from outside) while a call is parked
     holding it: close() leaves its pipes to the call, and still reports the
