@@ -451,8 +451,7 @@ class EngineProcess:
         if code is None:
             logger.error("vw[%d] survived SIGKILL for %.2f s; reaping it in the background",
                          self.pid, timeout_s)
-            threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
-                             daemon=True).start()
+            self._reap_in_background()
         if self._stdout_thread is not None:
             self._stdout_thread.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._close_pipes(deadline)
@@ -500,8 +499,12 @@ class EngineProcess:
             self.proc.kill()
         self._close_pipes(time.perf_counter())
         if self.proc.poll() is None:
-            threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
-                             daemon=True).start()
+            self._reap_in_background()
+
+    def _reap_in_background(self) -> None:
+        """Wait for the engine's exit status on a thread of its own."""
+        threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
+                         daemon=True).start()
 
     def close_input(self) -> None:
         """Close the engine's stdin (it then finishes, writes a ``-f`` model and exits)."""
@@ -581,5 +584,4 @@ class EngineProcess:
         if self.proc.poll() is None and not sys.is_finalizing():
             # (At interpreter exit no thread can start: the engine, its input
             # closed, exits by itself and is reaped by the system.)
-            threading.Thread(target=self.proc.wait, name=f"subwabbit-vw{self.pid}-reaper",
-                             daemon=True).start()
+            self._reap_in_background()

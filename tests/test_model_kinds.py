@@ -258,7 +258,8 @@ def test_a_model_file_is_served_as_the_kind_its_saved_options_say(name, tmp_path
     model = _trained_file(name, tmp_path)
     test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
     expected = kind.read(engine_from_file(test, ["-i", model, "-t"] + kind.load_args, tmp_path))
-    with VowpalWabbitProcess(FORMATTER, ["-i", model, "-t", "--quiet"] + kind.load_args) as process:
+    args = ["-i", model, "-t", "--quiet"] + kind.load_args
+    with VowpalWabbitProcess(FORMATTER, args) as process:
         assert process.prediction_kind.multi_line == kind.multi_line
         assert "saved in the model file" in process.prediction_kind.origin
         got = [list(process.predict(*request(index, size))) for index, size in TEST]

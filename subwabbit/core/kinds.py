@@ -16,7 +16,8 @@ that every client (and a pool of engines) uses the same way:
 :func:`choose_kind` picks the kind from the engine arguments, from the
 options saved in a model file loaded with ``-i`` (which the arguments then
 do not show; :mod:`subwabbit.model_file` reads them), or from an explicit
-``prediction_type``. Output formats were measured on vw 9.x (both vw's own driver and the wheel's engine):
+``prediction_type``. Output formats were measured on vw 9.x (both vw's own
+driver and the wheel's engine):
 
 ============================ ======================================= ==============
 reduction                    one example's output                    kind
@@ -720,9 +721,10 @@ _REDUCTIONS: Tuple[Tuple[str, str], ...] = (
 #: The same, in the order they decide the kind of a model file: a file
 #: saves the reductions a reduction is built on (``--cb 3`` saves ``--cb_adf``
 #: as well, ``--cb_explore 3`` both ``--cb_explore_adf`` and ``--cb_adf``).
-_SAVED_REDUCTIONS: Tuple[str, ...] = (
-    "--cb_explore", "--cb", "--cb_explore_adf", "--cb_adf", "--multilabel_oaa", "--plt",
-    "--csoaa", "--oaa", "--ect", "--log_multi", "--recall_tree")
+_SAVED_CB_REDUCTIONS: Tuple[str, ...] = ("--cb_explore", "--cb", "--cb_explore_adf",
+                                           "--cb_adf")
+_SAVED_REDUCTIONS: Tuple[str, ...] = _SAVED_CB_REDUCTIONS + (
+    "--multilabel_oaa", "--plt", "--csoaa", "--oaa", "--ect", "--log_multi", "--recall_tree")
 
 #: What a file saves for the contextual-bandit reductions it is built on
 #: (their cost-sensitive learner), not reductions of its own
@@ -758,9 +760,10 @@ def _count(args: Sequence[str], name: str) -> Optional[int]:
         return None
 
 
-def refuse_unservable(vw_args: Sequence[str]) -> None:
+def refuse_unservable(vw_args: Sequence[str], source: str = "vw_args contains") -> None:
     """Refuse reductions whose output subwabbit cannot read.
 
+    :param source: what the messages say holds the options
     :raises ValueError: naming the argument and why
     """
     names = [option_name(token) for token in vw_args]
@@ -768,15 +771,15 @@ def refuse_unservable(vw_args: Sequence[str]) -> None:
         if name is None:
             continue
         if name in UNSERVABLE:
-            raise ValueError(f"vw_args contains {name}: subwabbit cannot serve it "
+            raise ValueError(f"{source} {name}: subwabbit cannot serve it "
                              f"({UNSERVABLE[name]})")
         if name.startswith(_SEARCH_PREFIX):
-            raise ValueError(f"vw_args contains {name}: subwabbit cannot serve learning to "
+            raise ValueError(f"{source} {name}: subwabbit cannot serve learning to "
                              "search (its examples and answers are sequences)")
     if "--probabilities" in names:
         others = [option for option, _ in _REDUCTIONS if option in names and option != "--oaa"]
         if others:
-            raise ValueError(f"vw_args contains --probabilities with {others[0]}: subwabbit "
+            raise ValueError(f"{source} --probabilities with {others[0]}: subwabbit "
                              "serves --probabilities with --oaa only (with the others vw "
                              "ignores it, refuses it, or prints a second line per example)")
 
@@ -850,19 +853,17 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
         inferred = CLASS_SCORES
     if option is not None:
         count = _option_value(source, option)
-        origin = f"{option} {count}" if count else option
-        if source is saved:
-            origin += ", saved in the model file"
+        reduction = f"{option} {count}" if count else option
+        origin = reduction + (", saved in the model file" if source is saved else "")
     else:
-        origin = "--probabilities" if inferred else "no reduction in vw_args"
+        reduction = origin = "--probabilities" if inferred else "no reduction in vw_args"
     if prediction_type is not None:
         chosen = prediction_type
         if chosen == MULTICLASS and inferred in (CLASS_PROBABILITIES, CLASS_SCORES):
             chosen = inferred  # --probabilities given again with a model file
         if inferred is not None and (_FAMILY.get(chosen, chosen)
                                      != _FAMILY.get(inferred, inferred)):
-            shown = origin.replace(", saved in the model file", "")
-            raise ValueError(f"prediction_type={prediction_type!r} contradicts {shown} "
+            raise ValueError(f"prediction_type={prediction_type!r} contradicts {reduction} "
                              f"{where}, which makes a {inferred!r} model")
         origin = f"prediction_type={prediction_type!r}"
     elif default is not None and inferred in (None, MULTILABEL):
@@ -881,13 +882,9 @@ def _saved_reduction(saved: List[str]) -> Optional[str]:
     """
     names = [option_name(token) for token in saved]
     option = next((option for option in _SAVED_REDUCTIONS if option in names), None)
-    internal = _SAVED_INTERNALS if option in ("--cb_explore", "--cb", "--cb_explore_adf",
-                                              "--cb_adf") else ()
-    try:
-        refuse_unservable([token for token in saved if option_name(token) not in internal])
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("vw_args contains", "the model file was trained with",
-                                          1)) from None
+    internal = _SAVED_INTERNALS if option in _SAVED_CB_REDUCTIONS else ()
+    refuse_unservable([token for token in saved if option_name(token) not in internal],
+                      source="the model file was trained with")
     return option
 
 

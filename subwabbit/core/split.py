@@ -26,11 +26,12 @@ order, one per step; a batch is copied again only once its copy's lane
 went quiet too or failed, so a batch is on each lane once at most):
 whichever lane answers a line first gives its prediction, the others'
 answers to it are dropped, and the call does not wait for them (the
-channel discards them like any ended call's leftovers). The lane holding the batch may be retiring, and it may be the
-fastest: an engine that stops or is starved of CPU holds up no call, while
-one that keeps answering, however slowly, costs no copy (copies cost an
-engine's time: copying whatever was left at the end of a call cost 2% of
-the predictions under steady load).
+channel discards them like any ended call's leftovers). The lane holding
+the batch may be retiring, and it may be the fastest: an engine that stops
+or is starved of CPU holds up no call, while one that keeps answering,
+however slowly, costs no copy (copies cost an engine's time: copying
+whatever was left at the end of a call cost 2% of the predictions under
+steady load).
 
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
 :class:`~subwabbit.core.channel.Channel`, so the channel's rules hold per
@@ -262,7 +263,7 @@ class SplitPredictExchange:
     @property
     def active_lanes(self) -> int:
         """Lanes that are dealt batches (not retiring)."""
-        return sum(1 for lane in self.lanes if not lane.retiring)
+        return len(self._dealt_lanes())
 
     # ------------------------------------------------------------- steps
 
@@ -294,23 +295,20 @@ class SplitPredictExchange:
         return results
 
     def _deal(self) -> None:
-        lanes = [lane for lane in self.lanes if not lane.retiring]
+        lanes = self._dealt_lanes()
         if not lanes:
             return
         while self._redeal:
-            batch = self._redeal[0]
-            want = len(batch.lines) - len(batch.values)
-            lane = next((lane for lane, room, size in self._rooms(lanes)
-                         if room >= min(want, size)), None)
+            lane = self._redeal_lane(lanes)
             if lane is None:
                 return
-            del self._redeal[0]
+            batch = self._redeal.pop(0)
             self._give(lane, batch, len(batch.values))
         if self._example_kind is not None:
             if self._items_left:
                 self._format_example(self.batch_size)
             return
-        fits = [(lane, size) for lane, room, size in self._rooms(lanes) if room >= size]
+        fits = self._fitting(lanes)
         if not fits:
             return
         if self._items_left:
@@ -353,6 +351,24 @@ class SplitPredictExchange:
         rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
         return [(lane, room, lane_size) for _, lane, room, lane_size in rooms]
 
+    def _dealt_lanes(self) -> List[Lane]:
+        """The lanes that may be dealt lines (not retiring)."""
+        return [lane for lane in self.lanes if not lane.retiring]
+
+    def _fitting(self, lanes: List[Lane]) -> List[Tuple[Lane, int]]:
+        """The lanes of ``lanes`` with room for a whole batch of their pace's
+        size, the emptiest first, each with that size (see :meth:`_rooms`)."""
+        return [(lane, size) for lane, room, size in self._rooms(lanes) if room >= size]
+
+    def _redeal_lane(self, lanes: List[Lane]) -> Optional[Lane]:
+        """The lane of ``lanes`` that the first batch to deal again goes to:
+        the emptiest with room for its unanswered lines, or for a batch of
+        the lane's size (``None``: none has room)."""
+        batch = self._redeal[0]
+        want = len(batch.lines) - len(batch.values)
+        return next((lane for lane, room, size in self._rooms(lanes)
+                     if room >= min(want, size)), None)
+
     def _least_share(self) -> int:
         """The smallest batch a lane is dealt by its pace (a quarter batch),
         and the lines it answers before its pace counts."""
@@ -364,14 +380,12 @@ class SplitPredictExchange:
         if self._cut_off or (self._stop_dealing_at is not None
                              and self._now >= self._stop_dealing_at):
             return False
-        lanes = [lane for lane in self.lanes if not lane.retiring]
+        lanes = self._dealt_lanes()
         if self._redeal:
-            batch = self._redeal[0]
-            want = len(batch.lines) - len(batch.values)
-            return any(room >= min(want, size) for _, room, size in self._rooms(lanes))
+            return self._redeal_lane(lanes) is not None
         if self._example_kind is not None or not self._items_left:
             return False  # (an example's items are formatted at once: see wake_at)
-        return any(room >= size for _, room, size in self._rooms(lanes))
+        return bool(self._fitting(lanes))
 
     def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
         """``lane``'s lines answered per second it owed answers in this call,
@@ -432,8 +446,7 @@ class SplitPredictExchange:
         if not (self._hedge and not self._items_left and not self._cut_off
                 and len(self.lanes) > 1):
             return None
-        active = [lane for lane in self.lanes if not lane.retiring]
-        fits = [lane for lane, room, size in self._rooms(active) if room >= size]
+        fits = [lane for lane, _ in self._fitting(self._dealt_lanes())]
         dues = [due for _, _, due in self._hedges(fits)]
         if not dues:
             return None
@@ -458,7 +471,7 @@ class SplitPredictExchange:
             self._parts = []
             self.formatted = len(batch.lines)
             self._order.append(batch)
-            lane = min((lane for lane in self.lanes if not lane.retiring), key=_in_flight)
+            lane = min(self._dealt_lanes(), key=_in_flight)
             self._give(lane, batch, 0)
 
     def _next_parts(self, want: int) -> List[Any]:
