@@ -268,12 +268,13 @@ class AsyncVowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        argv, timeout = self._check_reload(timeout, vw_args)
-        group, engines = await self._spawn(argv, self.size)
-        idle, old_groups = self._switch_to(group, engines, vw_args, argv)
+        loop = asyncio.get_running_loop()
+        # The model file's header is read off the event loop.
+        plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
+        group, engines = await self._spawn(plan.argv, self.size)
+        idle, old_groups = self._switch_to(group, engines, plan)
         self._started = True
         self._close_later(idle, timeout)
-        loop = asyncio.get_running_loop()
         for old in old_groups:
             loop.run_in_executor(None, old.close, timeout)
 

@@ -674,8 +674,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._reload_argv(vw_args)
-        engine = await self._start_engine(argv)
+        # The model file's header is read off the event loop.
+        plan = await asyncio.get_running_loop().run_in_executor(None, self._plan_reload, vw_args)
+        engine = await self._start_engine(plan.argv)
         limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
         try:
             acquired = await self._turn.acquire(limit)
@@ -693,14 +694,14 @@ class AsyncVowpalWabbitProcess(ClientBase):
             await self._cancel_start()
             old = None if self._in_forked_child() else self._engine
             failed = self._broken is not None
-            self._reloaded(vw_args, argv)
+            self._reloaded(plan)
             restarts = self._restart_count
             self._adopt(engine)
             self._restart_count = restarts  # a reload is not a restart
         finally:
             self._turn.release()
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
-                    " ".join(argv))
+                    " ".join(plan.argv))
         if old is not None and not old.closed:
             task = asyncio.ensure_future(
                 self._shut_down(old, min(timeout, 0.5) if failed else timeout))

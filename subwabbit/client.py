@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from .base import VowpalWabbitBaseFormatter, example_joiner
 from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
@@ -57,6 +57,17 @@ FINAL_MODEL_WAIT_S = 30.0
 CONTENTION_LOG_INTERVAL_S = 60.0
 
 _FORMATTER_METHODS = ("format_common_features", "format_item_features")
+
+
+class ReloadPlan(NamedTuple):
+    """What a ``reload()`` switches to, worked out before any engine starts."""
+
+    #: the new engine arguments, normalised
+    vw_args: List[str]
+    #: the kind of model they (and the model file they load) make
+    kind: PredictionKind
+    #: the new engines' command line
+    argv: List[str]
 
 
 class ClientBase:
@@ -129,9 +140,11 @@ class ClientBase:
 
     # ---------------------------------------------------------------- reload
 
-    def _reload_argv(self, vw_args: VwArgs) -> List[str]:
-        """The command line a :meth:`reload` with ``vw_args`` starts (checked
-        as the constructor checks it).
+    def _plan_reload(self, vw_args: VwArgs) -> ReloadPlan:
+        """What a :meth:`reload` with ``vw_args`` switches to, checked as the
+        constructor checks its arguments. The model file's header is read
+        here, once: the asyncio classes call this on a worker thread, and
+        nothing is read again while calls wait for the switch.
 
         :raises ValueError: when ``vw_args`` make another kind of model (a
             reload swaps the model, not what ``predict`` returns)
@@ -145,14 +158,15 @@ class ClientBase:
                              f"{self.prediction_kind.name!r} model ({self.prediction_kind.origin})"
                              f" and the new arguments make a {kind.name!r} one ({kind.origin}); "
                              "create a new object")
-        return build_argv(self.vw_command, kind.engine_args(normalized),
+        argv = build_argv(self.vw_command, kind.engine_args(normalized),
                           predictions=not self.write_only, audit=self.audit_mode)
+        return ReloadPlan(normalized, kind, argv)
 
-    def _reloaded(self, vw_args: VwArgs, argv: List[str]) -> None:
-        """Remember the arguments of the engine a reload switched to."""
-        self.vw_args = normalize_vw_args(vw_args)
-        self.prediction_kind = self._kind_for(self.vw_args, self.audit_mode)
-        self.argv = argv
+    def _reloaded(self, plan: ReloadPlan) -> None:
+        """Remember what the engine a reload switched to serves."""
+        self.vw_args = plan.vw_args
+        self.prediction_kind = plan.kind
+        self.argv = plan.argv
         self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
                                        for token in self.vw_args)
 

@@ -238,10 +238,10 @@ class VowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        argv, timeout = self._check_reload(timeout, vw_args)
-        group, engines = self._spawn(argv, self.size)
+        plan, timeout = self._check_reload(timeout, vw_args)
+        group, engines = self._spawn(plan.argv, self.size)
         with self._cond:
-            idle, old_groups = self._switch_to(group, engines, vw_args, argv)
+            idle, old_groups = self._switch_to(group, engines, plan)
         self._close_later(idle, timeout)
         for old in old_groups:
             old.close(timeout)

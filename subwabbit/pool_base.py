@@ -19,7 +19,7 @@ import time
 from typing import (Any, ContextManager, Dict, Generator, Iterable, List, NamedTuple,
                     Optional, Sequence, Union)
 
-from .client import ClientBase, MetricsHook
+from .client import ClientBase, MetricsHook, ReloadPlan
 from .command import VwArgs
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
@@ -373,18 +373,19 @@ class PoolBase(ClientBase):
             self._counters["engine_failures"] += 1
         return in_service
 
-    def _check_reload(self, timeout: float, vw_args: VwArgs) -> "tuple[List[str], float]":
-        """Check a reload's arguments before anything starts.
+    def _check_reload(self, timeout: float, vw_args: VwArgs) -> "tuple[ReloadPlan, float]":
+        """Check a reload's arguments before anything starts (this reads the
+        model file's header: the asyncio pool calls it on a worker thread).
 
-        :returns: the new engines' command line, and ``timeout`` validated
+        :returns: what the reload switches to, and ``timeout`` validated
         """
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        return self._reload_argv(vw_args), timeout
+        return self._plan_reload(vw_args), timeout
 
-    def _switch_to(self, group: EngineGroup, engines: List[EngineProcess], vw_args: VwArgs,
-                   argv: List[str]) -> "tuple[List[Slot], List[EngineGroup]]":
+    def _switch_to(self, group: EngineGroup, engines: List[EngineProcess],
+                   plan: ReloadPlan) -> "tuple[List[Slot], List[EngineGroup]]":
         """Serve new calls with a reload's started engines (state lock held);
         stop them instead if the pool closed meanwhile.
 
@@ -401,7 +402,7 @@ class PoolBase(ClientBase):
             # left to start for the model it inherited.
             self._owner_pid = os.getpid()
         switched = self._switch_now(group, engines)
-        self._reloaded(vw_args, argv)
+        self._reloaded(plan)
         self._changed()
         logger.info("reloaded the pool: generation %d, vw%s", self._roster.generation,
                     [engine.pid for engine in engines])

@@ -511,8 +511,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        argv = self._reload_argv(vw_args)
-        engine = self._start_engine(argv=argv)
+        plan = self._plan_reload(vw_args)
+        engine = self._start_engine(argv=plan.argv)
         began = time.perf_counter()
         token = object()
         if not self._wait_for_turn(token, self._turn_limit(began, None)):
@@ -528,14 +528,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             old = self._engine
             if self._in_forked_child():
                 old = None  # the parent's: never touched here
-            self._reloaded(vw_args, argv)
+            self._reloaded(plan)
             self._abandon_channel("the process switched to a new engine (reload)")
             self._adopt(engine)
             failed, self._broken = self._broken, None
         finally:
             self._end_turn(token)
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
-                    " ".join(argv))
+                    " ".join(plan.argv))
         if old is not None and not old.closed:
             threading.Thread(target=_close_old_engine,
                              args=(old, min(timeout, _FAILED_ENGINE_CLOSE_S) if failed

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError,
-                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
+from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
 from conftest import (DictFormatter, common, in_child, items, process_gone,
@@ -181,3 +181,41 @@ def test_an_iterator_begun_before_a_fork_raises_in_the_child(kind, trained_model
         assert [first] + list(unfinished) == pytest.approx(truth[trained_model][1], abs=1e-6)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("kind", ["blocking", "nonblocking", "asyncio", "pool", "asyncio-pool"])
+def test_a_reload_reads_the_model_header_once_and_the_asyncio_classes_off_the_loop(
+        kind, trained_model, second_model, truth, monkeypatch):
+    # The header says what kind of model the file is. It used to be read twice
+    # per reload, the second time while calls waited for the switch, and on
+    # the event loop by the asyncio classes (a file on a slow disk stalls
+    # every task).
+    import subwabbit.client
+    real, reads = subwabbit.client.saved_options_of, []
+
+    def recording(vw_args):
+        reads.append(threading.get_ident())
+        return real(vw_args)
+
+    if kind in SYNC or kind == "pool":
+        model = (VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1)
+                 if kind == "pool" else SYNC[kind](DictFormatter(), scoring_args(trained_model)))
+        with model:
+            monkeypatch.setattr(subwabbit.client, "saved_options_of", recording)
+            model.reload(scoring_args(second_model))
+            assert list(model.predict(common(5), items(3000))) == truth[second_model][5]
+        assert len(reads) == 1
+        return
+
+    async def main():
+        model = (AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1)
+                 if kind == "asyncio-pool"
+                 else AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model)))
+        async with model:
+            monkeypatch.setattr(subwabbit.client, "saved_options_of", recording)
+            await model.reload(scoring_args(second_model))
+            assert await model.predict(common(5), items(3000)) == truth[second_model][5]
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert len(reads) == 1 and reads[0] != loop_thread
