@@ -146,18 +146,17 @@ class ClientBase:
         here, once: the asyncio classes call this on a worker thread, and
         nothing is read again while calls wait for the switch.
 
-        :raises ValueError: when ``vw_args`` make another kind of model (a
-            reload swaps the model, not what ``predict`` returns)
+        :raises ValueError: when ``vw_args`` make another kind of model, or
+            one with other classes (a reload swaps the model, not what
+            ``predict`` returns: see :meth:`PredictionKind.serves_like
+            <subwabbit.core.kinds.PredictionKind.serves_like>`)
         """
         normalized = normalize_vw_args(vw_args)
         kind = self._kind_for(normalized, self.audit_mode)
-        if (kind.name, kind.answer_lines, kind.multi_line) != (
-                self.prediction_kind.name, self.prediction_kind.answer_lines,
-                self.prediction_kind.multi_line):
-            raise ValueError(f"reload() cannot change the kind of model: this object serves a "
-                             f"{self.prediction_kind.name!r} model ({self.prediction_kind.origin})"
-                             f" and the new arguments make a {kind.name!r} one ({kind.origin}); "
-                             "create a new object")
+        if not kind.serves_like(self.prediction_kind):
+            raise ValueError(f"reload() cannot change the kind of model or its classes: this "
+                             f"object serves {self.prediction_kind.summary()} and the new "
+                             f"arguments make {kind.summary()}; create a new object")
         argv = build_argv(self.vw_command, kind.engine_args(normalized),
                           predictions=not self.write_only, audit=self.audit_mode)
         return ReloadPlan(normalized, kind, argv)

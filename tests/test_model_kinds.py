@@ -728,6 +728,63 @@ def test_a_reload_cannot_change_the_kind_of_model(tmp_path):
             model.reload(["--cb_explore_adf", "--quiet"])
 
 
+
+@pytest.mark.parametrize("client", ["nonblocking", "pool", "asyncio-pool"])
+def test_a_reload_cannot_change_the_classes(client, tmp_path):
+    """A reload to a model of the same kind with other classes is refused
+    before any engine starts. It used to start them and check them against
+    the old classes: 5 classes to 3 failed start-up with a message blaming
+    the old file, and 3 to 5 passed, after which a pool call that had
+    waited for an engine across the switch returned the first 3 of the new
+    model's 5 probabilities per item (found by a review, /tmp/review14)."""
+    from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
+    lines = [line for index in TRAIN for line in file_lines("oaa-probabilities", index)]
+    files = {}
+    for classes in (3, 5):
+        files[classes] = str(tmp_path / f"oaa{classes}.vw")
+        engine_from_file(lines, ["--oaa", str(classes), "--probabilities", "--loss_function",
+                                 "logistic", "-f", files[classes]], tmp_path)
+    load = lambda classes: (["-i", files[classes], "-t", "--quiet"]  # noqa: E731
+                            + KINDS["oaa-probabilities"].load_args)
+    named = lambda names: ["--oaa", "3", "--named_labels", names, "--quiet"]  # noqa: E731
+    refused = "cannot change the kind of model or its classes"
+    test = [line for index, size in TEST for line in file_lines("oaa-probabilities", index, size,
+                                                                 False)]
+    truth = _class_dicts(engine_from_file(test, ["-i", files[3], "-t"]
+                                          + KINDS["oaa-probabilities"].load_args, tmp_path))
+    if client == "asyncio-pool":
+        async def main():
+            for first, then, match in ((load(3), load(5), "class label is an int from 1 to 5"),
+                                       (named("walk,run,sprint"), named("a,b,c"),
+                                        "one of a, b, c")):
+                async with AsyncVowpalWabbitPool(FORMATTER, first, size=1) as pool:
+                    pids = pool.engine_pids()
+                    with pytest.raises(ValueError, match=f"{refused}.*{match}"):
+                        await pool.reload(then)
+                    assert pool.engine_pids() == pids
+                    if first == load(3):
+                        got = [p for index, size in TEST
+                               for p in await pool.predict(*request(index, size))]
+                        assert got == truth
+        asyncio.run(main())
+        return
+    make = {"nonblocking": VowpalWabbitNonBlockingProcess,
+            "pool": lambda formatter, args: VowpalWabbitPool(formatter, args, size=1)}[client]
+    for first, then, match in ((load(3), load(5), "class label is an int from 1 to 5"),
+                               (load(5), load(3), "class label is an int from 1 to 3"),
+                               (named("walk,run,sprint"), named("a,b,c"), "one of a, b, c")):
+        with make(FORMATTER, first) as model:
+            pids = model.engine_pids() if client == "pool" else [model.pid]
+            with pytest.raises(ValueError, match=f"{refused}.*{match}"):
+                model.reload(then)
+            assert (model.engine_pids() if client == "pool" else [model.pid]) == pids
+            if first == load(3):
+                got = [p for index, size in TEST for p in model.predict(*request(index, size))]
+                assert got == truth
+                model.reload(load(3))  # the same classes: served
+                got = [p for index, size in TEST for p in model.predict(*request(index, size))]
+                assert got == truth
+
 def test_multi_line_train_metrics_count_items_and_an_empty_call_sends_nothing():
     seen = []
     with VowpalWabbitProcess(FORMATTER, ["--cb_explore_adf", "--quiet"],

@@ -172,6 +172,22 @@ class PredictionKind:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} from {self.origin}>"
 
+    def serves_like(self, other: "PredictionKind") -> bool:
+        """Whether ``other`` reads answers and takes labels exactly as this
+        kind does: the same kind, with the same classes (count, first label,
+        names) and answer layout; only what chose it may differ.
+
+        A ``reload()`` may switch only to a model of which this holds: a
+        call is read with the kind it was begun with, and what ``predict``
+        returns must not change shape under a service.
+        """
+        return type(self) is type(other) and _settings(self) == _settings(other)
+
+    def summary(self) -> str:
+        """The kind in a few words, for messages (``"a 'multiclass' model
+        (--oaa 3) whose class label is an int from 1 to 3"``)."""
+        return f"a {self.name!r} model ({self.origin})"
+
     # ------------------------------------------------------------ engine
 
     def engine_args(self, vw_args: Sequence[str]) -> List[str]:
@@ -359,6 +375,9 @@ class MulticlassKind(PredictionKind):
         super().__init__(origin)
         self.classes = classes
 
+    def summary(self) -> str:
+        return f"{super().summary()} whose class label is {self.classes.describe()}"
+
     def parse_line(self, line: bytes) -> Any:
         return self.classes.parse(_first_token(line), line)
 
@@ -454,6 +473,10 @@ class MultilabelKind(PredictionKind):
         super().__init__(origin)
         self.count = count
 
+    def summary(self) -> str:
+        known = "" if self.count is None else f" of {self.count} labels"
+        return f"{super().summary()}{known}"
+
     def parse_line(self, line: bytes) -> Any:
         if b" " not in line:  # vw ends the list with a space, even an empty one
             raise _protocol_error(line, "a label list")
@@ -538,6 +561,10 @@ class CbKind(_BanditLabels, PredictionKind):
         self.count = count
         self.legacy = legacy
         self.answer_lines = 1 if legacy else 2
+
+    def summary(self) -> str:
+        known = "" if self.count is None else f" of {self.count} actions"
+        return f"{super().summary()}{known}{' in the legacy format' if self.legacy else ''}"
 
     def parse_line(self, line: bytes) -> Any:
         try:
@@ -910,3 +937,8 @@ def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> P
     if chosen == LABEL_STRINGS:
         return LabelStringsKind(origin)
     return ScalarKind(origin)
+
+
+def _settings(kind: PredictionKind) -> List[Any]:
+    """A kind's own settings (classes, counts, answer layout), but what chose it."""
+    return sorted((key, value) for key, value in vars(kind).items() if key != "origin")
