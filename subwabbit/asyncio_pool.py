@@ -21,11 +21,11 @@ from .command import VwArgs
 from .core.roster import Slot
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import EngineProcess
+from .engine_process import EngineProcess, close_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, close_quietly)
+                        WaitForPipes, discard)
 
 logger = logging.getLogger("subwabbit")
 
@@ -71,6 +71,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
         self._start_lock: Optional[asyncio.Lock] = None
+        self._closing: Optional["asyncio.Future[None]"] = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -87,8 +88,8 @@ class AsyncVowpalWabbitPool(PoolBase):
             if not self._started:
                 group, engines = await self._spawn(self.argv, self.size)
                 generation = self._roster.generation
-                if not self._put_in_service(engines, generation):
-                    group.close()
+                if not self._put_in_service(engines, generation):  # they are discarded
+                    self._discard([], group)
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
                 self._groups[generation] = group
                 self._started = True
@@ -111,9 +112,18 @@ class AsyncVowpalWabbitPool(PoolBase):
         their next step with the predictions they have; as in
         :meth:`VowpalWabbitPool.close <subwabbit.pool.VowpalWabbitPool.close>`,
         one that holds on for more than half the timeout has its engines
-        killed, and closes their pipes itself. Idempotent."""
+        killed, and closes their pipes itself. Idempotent: a second call
+        waits for the first one's closing.
+
+        Cancelling ``close()`` (``asyncio.wait_for``, a shutdown) does not
+        stop the closing: it goes on in the background, and what remains is
+        handed to the loop's executor if the closing itself is cancelled.
+        """
         timeout = required_seconds(timeout, "timeout")
         began = _clock()
+        if self._closing is not None:
+            await asyncio.wait({self._closing})
+            return
         slots = self._begin_close_now()
         if slots is None:
             return
@@ -122,21 +132,26 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return
-        # Calls in progress see the pool closed at their next step and give
-        # their engines back: let them, for half the time.
-        while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
-            await asyncio.sleep(0.001)
-        free = self._leave_held_to_their_calls_now(slots)
+        self._closing = asyncio.ensure_future(self._close_engines(slots, began, timeout))
+        await asyncio.shield(self._closing)
+
+    async def _close_engines(self, slots: List[Slot], began: float, timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        if free:
+        closing: List["asyncio.Future[None]"] = []
+        try:
+            # Calls in progress see the pool closed at their next step and
+            # give their engines back: let them, for half the time.
+            while any(slot.held for slot in slots) and _clock() < began + timeout / 2:
+                await asyncio.sleep(0.001)
+        finally:  # cancelled too: the closing goes on on the executor's threads
+            free = self._leave_held_to_their_calls_now(slots)
             left = max(0.0, began + timeout - _clock())
             closing = [loop.run_in_executor(None, close_quietly, slot.engine, left)
                        for slot in free]
-            await asyncio.wait(closing, timeout=max(0.001, left))
-        groups = [loop.run_in_executor(None, group.close, max(0.0, began + timeout - _clock()))
-                  for group in self._groups.values()]
-        if groups:
-            await asyncio.wait(groups, timeout=max(0.001, began + timeout - _clock()))
+            closing += [loop.run_in_executor(None, group.close, left)
+                        for group in self._groups.values()]
+        if closing:
+            await asyncio.wait(closing, timeout=max(0.001, began + timeout - _clock()))
 
     # ------------------------------------------------- the driver's part
 
@@ -161,6 +176,10 @@ class AsyncVowpalWabbitPool(PoolBase):
             loop = asyncio.get_running_loop()
             for slot in slots:
                 loop.run_in_executor(None, close_quietly, slot.engine, timeout)
+
+    def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
+                 ) -> None:
+        asyncio.get_running_loop().run_in_executor(None, discard, engines, group)
 
     def _background(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -247,8 +266,8 @@ class AsyncVowpalWabbitPool(PoolBase):
             return
         if self._put_in_service(engines, generation):
             self._groups[generation] = group
-        else:
-            group.close()
+        else:  # the engines are discarded
+            self._discard([], group)
 
     # ----------------------------------------------------------- not served
 
@@ -285,6 +304,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._waiters = []
         self._tasks = set()
         self._start_lock = None
+        self._closing = None
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:
@@ -299,10 +319,9 @@ async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:
 
 
 def _abort_started(future: "asyncio.Future[Any]", group: EngineGroup) -> None:
-    """Stop what a cancelled start started (an engine, or a list of them)."""
+    """Stop what a cancelled start started (an engine, or a list of them:
+    the whole group), off the loop."""
     if not future.cancelled() and future.exception() is None:
         started = future.result()
-        for engine in started if isinstance(started, list) else [started]:
-            engine.abort()
-        if isinstance(started, list):
-            group.close()
+        engines, whole = (started, group) if isinstance(started, list) else ([started], None)
+        future.get_loop().run_in_executor(None, discard, engines, whole)

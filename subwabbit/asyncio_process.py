@@ -21,7 +21,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
-from .engine_process import EngineProcess, shutdown_schedule
+from .engine_process import EngineProcess, close_quietly, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import check_line, parse_scalar
@@ -147,6 +147,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._broken: Optional[BaseException] = None
         self._turn = _FifoTurn()
         self._starting: Optional["asyncio.Task[EngineProcess]"] = None
+        self._closing: Optional["asyncio.Future[None]"] = None
         self._ever_started = False
 
     def _pacing(self) -> Pacing:
@@ -213,7 +214,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if self._closed:
             # close() ran while this engine started (it does not wait for a
             # restart's start): the engine must not outlive the object.
-            engine.abort()
+            _abort_off_loop(engine)
             raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
                                     "started")
         self._abandon_channel("the process moved to another engine")
@@ -252,23 +253,35 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 exchange.end()
             check_probe_result(engine, exchange, mismatch, self._probe_kind)
         except BaseException:
-            engine.abort()
+            _abort_off_loop(engine)
             raise
         return engine
 
     async def close(self, timeout: float = 30.0) -> None:
         """Stop the engine without blocking the loop: close its input so that
         it finishes (and writes a ``-f`` model), then SIGTERM and SIGKILL it if
-        it has not exited near the end of ``timeout``. Idempotent.
+        it has not exited near the end of ``timeout``. Idempotent: a second
+        call waits for the first one's closing.
+
+        Cancelling ``close()`` (``asyncio.wait_for``, a shutdown) does not
+        stop the closing: it goes on in the background, and what remains is
+        handed to the loop's executor if the closing itself is cancelled.
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
         """
         timeout = required_seconds(timeout, "timeout")
+        if self._closing is not None:
+            await asyncio.wait({self._closing})
+            return
         if self._closed:
             return
         self._closed = True
-        began = _clock()
+        self._closing = asyncio.ensure_future(self._close_engine(_clock(), timeout))
+        self._closing.add_done_callback(_note_close_failure)
+        await asyncio.shield(self._closing)
+
+    async def _close_engine(self, began: float, timeout: float) -> None:
         await self._cancel_start()
         engine = self._engine
         if engine is None or engine.closed:
@@ -284,6 +297,15 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     engine.kill()
             self._abandon_channel("the process was closed")
             await self._shut_down(engine, max(0.0, began + timeout - _clock()))
+        except asyncio.CancelledError:
+            # The loop is shutting down: finish on the executor's thread (a
+            # call still on the engine meets it dead).
+            if self._turn.busy and not held:
+                engine.kill()
+            self._abandon_channel("the process was closed")
+            asyncio.get_running_loop().run_in_executor(
+                None, close_quietly, engine, max(0.0, began + timeout - _clock()))
+            raise
         finally:
             if held:  # calls that were waiting for it now find the object closed
                 self._turn.release()
@@ -294,11 +316,11 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if starting is None:
             return
         starting.cancel()
-        try:
-            started = await starting
-        except BaseException:  # pylint: disable=broad-except
-            return
-        started.abort()
+        # Waits for the start to end; a cancellation of this task goes on up
+        # (the start's own clean-up stops what it spawned).
+        await asyncio.wait({starting})
+        if not starting.cancelled() and starting.exception() is None:
+            _abort_off_loop(starting.result())  # it had finished before the cancel
 
     async def _shut_down(self, engine: EngineProcess, timeout: float) -> None:
         """Close the engine's input so that it finishes, escalating to
@@ -342,6 +364,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._abandon_channel("the process was forked; its engine belongs to the parent")
         self._engine = self._channel = None
         self._starting = None
+        self._closing = None
         self._broken = None
 
     # ----------------------------------------------------------- the driver
@@ -407,8 +430,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._abandon_channel(f"the process's engine is being replaced ({reason})")
         old, self._engine, self._channel = self._engine, None, None
         if old is not None and not old.closed:
-            old.kill()
-            old.close(0.5)
+            _abort_off_loop(old)
         level = logging.WARNING if self._broken is not None else logging.INFO
         logger.log(level, "starting a new vw engine in the background (%s)", reason)
         self._starting = asyncio.ensure_future(self._start_engine())
@@ -681,17 +703,21 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             acquired = await self._turn.acquire(limit)
         except BaseException:
-            engine.abort()
+            _abort_off_loop(engine)
             raise
         if not acquired:
-            engine.abort()
+            _abort_off_loop(engine)
             raise VowpalWabbitBusyError("another task's call held the object too long",
                                         argv=self.argv)
         try:
             if self._closed:
-                engine.abort()
+                _abort_off_loop(engine)
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            await self._cancel_start()
+            try:
+                await self._cancel_start()
+            except BaseException:
+                _abort_off_loop(engine)
+                raise
             old = None if self._in_forked_child() else self._engine
             failed = self._broken is not None
             self._reloaded(plan)
@@ -745,6 +771,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._turn.release()
 
 
+def _note_close_failure(task: "asyncio.Future[None]") -> None:
+    """Log how a closing whose ``close()`` call was cancelled failed (an
+    awaiting ``close()`` raises it too)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.info("closing the vw engine: %s", task.exception())
+
+
 def _log_close_failure(task: "asyncio.Future[None]") -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.warning("the vw engine replaced by reload() failed: %s", task.exception())
@@ -753,7 +786,17 @@ def _log_close_failure(task: "asyncio.Future[None]") -> None:
 def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
     """Kill an engine whose start was cancelled while it was being spawned."""
     if not spawn.cancelled() and spawn.exception() is None:
-        spawn.result().abort()
+        engine = spawn.result()
+        engine.kill()
+        spawn.get_loop().run_in_executor(None, engine.abort)
+
+
+def _abort_off_loop(engine: EngineProcess) -> None:
+    """Kill an engine now and reap it (and close its pipes) on the loop's
+    executor: a killed engine of a large model takes milliseconds to go, and
+    one forked by a stopped fork server is not reaped at all."""
+    engine.kill()
+    asyncio.get_running_loop().run_in_executor(None, engine.abort)
 
 
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:

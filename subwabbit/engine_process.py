@@ -47,9 +47,38 @@ SELECT_FD_LIMIT = 1024
 # How long an error report waits for a dead engine's exit status and last words.
 _EXIT_STATUS_WAIT_S = 1.0
 
+#: How long :meth:`EngineProcess.abort` waits for a killed engine to be reaped.
+ABORT_WAIT_S = 5.0
 
-def _forward_stderr(fd: int, tail: Deque[str], pid: int) -> None:
+
+class _SharedStream:
+    """A stream that a reader thread and the engine's owner both use: it is
+    closed by whichever of them lets go last, so that the thread never reads
+    a closed (or reused) descriptor and the owner, who may stop waiting for
+    the thread, never leaves it open."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._holders = {"reader", "owner"}
+
+    def let_go(self, holder: str) -> None:
+        with self._lock:
+            self._holders.discard(holder)
+            last = not self._holders
+        if last:
+            self._stream.close()
+
+
+def _forward_stderr(fd: int, tail: Deque[str], pid: int, shared: _SharedStream) -> None:
     """Thread body: read the engine's stderr until EOF, log it, keep its tail."""
+    try:
+        _log_stderr(fd, tail, pid)
+    finally:
+        shared.let_go("reader")
+
+
+def _log_stderr(fd: int, tail: Deque[str], pid: int) -> None:
     pending = b""
     while True:
         try:
@@ -181,8 +210,10 @@ class EngineProcess:
         # deadline, so that no call can hang in a read or a write.
         os.set_blocking(self.stdin_fd, False)
         os.set_blocking(self.stdout_fd, False)
+        self._stderr = _SharedStream(self.proc.stderr)
         self._stderr_thread = threading.Thread(
-            target=_forward_stderr, args=(self.proc.stderr.fileno(), self._stderr_tail, self.pid),
+            target=_forward_stderr,
+            args=(self.proc.stderr.fileno(), self._stderr_tail, self.pid, self._stderr),
             name=f"subwabbit-vw{self.pid}-stderr", daemon=True)
         self._stderr_thread.start()
         self._stdout_thread: Optional[threading.Thread] = None
@@ -361,15 +392,24 @@ class EngineProcess:
 
     # -------------------------------------------------------------- shutdown
 
-    def abort(self) -> None:
-        """Tear down at once: kill, reap, close pipes (after a failed start)."""
+    def abort(self, timeout: float = ABORT_WAIT_S) -> None:
+        """Tear down at once: kill, reap, close pipes (after a failed start).
+
+        Returns within about ``timeout``: an engine that a stopped fork server
+        forked is not reaped until the server runs again, and its exit status
+        is then left to the server (logged).
+        """
         if self._abandoned:
             return
         self._closed = True
         self._killed_by_us = True
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("vw[%d] was killed but not reaped within %g s; leaving it", self.pid,
+                           timeout)
         self._close_pipes()
 
     def abandon_in_fork(self) -> None:
@@ -399,10 +439,9 @@ class EngineProcess:
         if self._stderr_thread.is_alive():
             wait_s = 1.0 if deadline is None else max(0.0, deadline - time.perf_counter())
             self._stderr_thread.join(timeout=wait_s)
-        # The reader thread closes nothing; a stderr still held open by a
-        # grandchild stays open until that thread sees EOF.
-        if not self._stderr_thread.is_alive() and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        # A stderr still held open by a grandchild (or by an engine not yet
+        # reaped) is closed by the reader thread when it sees EOF.
+        self._stderr.let_go("owner")
 
     def close(self, timeout_s: float = 30.0) -> Optional[int]:
         """Close stdin so that the engine finishes (and writes ``-f`` models),
@@ -585,3 +624,11 @@ class EngineProcess:
             # (At interpreter exit no thread can start: the engine, its input
             # closed, exits by itself and is reaped by the system.)
             self._reap_in_background()
+
+
+def close_quietly(engine: EngineProcess, timeout: float) -> None:
+    """Close an engine, logging (not raising) its failure."""
+    try:
+        engine.close(timeout)
+    except VowpalWabbitError as exc:
+        logger.debug("closing vw[%d]: %s", engine.pid, exc)

@@ -21,11 +21,11 @@ from .core.roster import Slot
 from .core.split import Lane
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import SELECT_FD_LIMIT, EngineProcess
+from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, close_quietly)
+                        WaitForPipes)
 
 logger = logging.getLogger("subwabbit")
 

@@ -393,9 +393,7 @@ class PoolBase(ClientBase):
         :raises VowpalWabbitError: when the pool closed during the reload
         """
         if self._closed:
-            for engine in engines:
-                engine.abort()
-            group.close()
+            self._discard(engines, group)
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._in_forked_child():
             # A child's reload gives it engines of its own: there is nothing
@@ -505,6 +503,13 @@ class PoolBase(ClientBase):
     def _start_engine_later(self, generation: int) -> None:
         """Start a replacement engine for ``generation`` in the background."""
         raise NotImplementedError()
+
+    def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
+                 ) -> None:
+        """Stop engines that will never serve (and their group's fork
+        server): started for a pool that closed or moved to another model.
+        The threads' pool does it at once; the asyncio pool off the loop."""
+        discard(engines, group)
 
     # ------------------------------------------------------ one predict call
 
@@ -750,8 +755,7 @@ class PoolBase(ClientBase):
         :returns: whether they were added
         """
         if self._closed or generation != self._roster.generation:
-            for engine in engines:
-                engine.abort()
+            self._discard(engines)
             return False
         for engine in engines:
             self._roster.add(engine, generation, self._new_channel())
@@ -790,9 +794,10 @@ class PoolBase(ClientBase):
             pass
 
 
-def close_quietly(engine: EngineProcess, timeout: float) -> None:
-    """Close an engine, logging (not raising) its failure."""
-    try:
-        engine.close(timeout)
-    except VowpalWabbitError as exc:
-        logger.debug("closing a vw engine of the pool: %s", exc)
+def discard(engines: List[EngineProcess], group: Optional[EngineGroup] = None) -> None:
+    """Kill started engines that will never serve, then stop their group's
+    fork server (blocks for as long as each takes to go, bounded)."""
+    for engine in engines:
+        engine.abort()
+    if group is not None:
+        group.close()

@@ -1,0 +1,247 @@
+"""The asyncio classes when closing and reloading go wrong: a ``close()`` or a
+``reload()`` that is cancelled, and a fork server that stops answering. On
+real event loops, with real engines, ``SIGSTOP`` and task cancellation.
+
+What must hold: the loop is never blocked for long (never forever), every
+engine and fork server the object started is stopped, and a cancelled call
+is cancelled (it does not take effect anyway)."""
+
+import asyncio
+import contextlib
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+
+from subwabbit import AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWabbitError
+from subwabbit.command import default_engine_command
+
+from conftest import DictFormatter, children_of_this_process, common, items, process_gone, scoring_args
+
+#: How long a loop may go without a turn before it counts as blocked: far
+#: above a turn's cost, far below a stuck fork server's "forever".
+BLOCKED_S = 0.25
+
+
+def run_with_limit(main, limit_s: float):
+    """Run ``main()`` on a loop of its own thread; ``(True, None)`` if the
+    loop has not ended after ``limit_s`` (it is left to its daemon thread)."""
+    result = {}
+
+    def body():
+        try:
+            result["value"] = asyncio.run(main())
+        except BaseException as exc:  # pylint: disable=broad-except
+            result["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        return True, None
+    if "error" in result:
+        raise result["error"]
+    return False, result["value"]
+
+
+class LoopGaps:
+    """A task that notes the longest time the loop went without a turn."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._task = asyncio.ensure_future(self._tick())
+
+    async def _tick(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    async def stop(self) -> float:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return self.longest
+
+
+@pytest.mark.parametrize("how", ["pool closed", "reload cancelled"])
+def test_a_reload_whose_fork_server_is_stopped_never_blocks_the_loop(trained_model, second_model,
+                                                                     how):
+    """The new model's engines have started when its fork server stops
+    (SIGSTOP) and the reload is abandoned, because the pool was closed or
+    the reload cancelled. Its engines are killed, and the server cannot reap
+    them: waiting for that on the loop blocked it for good."""
+    stopped = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+        await pool.start()
+        new_group = pool._new_group
+        abandoned = threading.Event()
+
+        def group_whose_server_stops(argv):
+            group = new_group(argv)
+            start = group.start
+
+            def start_then_stop(count):  # on the loop's executor
+                engines = start(count)
+                stopped.append(group.server.pid)
+                os.kill(group.server.pid, signal.SIGSTOP)
+                if how == "pool closed":
+                    asyncio.run_coroutine_threadsafe(pool.close(2.0), loop).result(10)
+                else:
+                    loop.call_soon_threadsafe(reloading.cancel)
+                    abandoned.wait(10)
+                return engines
+
+            group.start = start_then_stop
+            return group
+
+        pool._new_group = group_whose_server_stops
+        reloading = asyncio.ensure_future(pool.reload(scoring_args(second_model)))
+        reloading.add_done_callback(lambda _: abandoned.set())
+        gaps = LoopGaps()
+        with contextlib.suppress(VowpalWabbitError, asyncio.CancelledError):
+            await reloading
+        await asyncio.sleep(0.5)  # what the abandoned reload started is being stopped
+        longest = await gaps.stop()
+        os.kill(stopped[0], signal.SIGCONT)
+        await pool.close(2.0)
+        return longest, reloading.cancelled()
+
+    try:
+        hung, value = run_with_limit(main, 30.0)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert not hung, "the event loop was blocked by the stopped fork server"
+    longest, cancelled = value
+    assert longest < BLOCKED_S
+    assert cancelled == (how == "reload cancelled")
+    assert process_gone(stopped[0])
+
+
+def _start_object(kind: str, model: str):
+    if kind == "pool":
+        return AsyncVowpalWabbitPool(DictFormatter(), scoring_args(model), size=2)
+    return AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(model))
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "call in flight"])
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_cancelled_close_still_stops_every_engine(trained_model, truth, kind, busy):
+    """``asyncio.wait_for(obj.close(), t)`` or a shutdown cancels close():
+    the engines and the fork server still go (the object stays referenced,
+    so that no garbage collection does it instead), a second close() waits
+    for the first one's, and a call in flight ends with a prefix of its own."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        before = set(children_of_this_process())
+        obj = _start_object(kind, trained_model)
+        await obj.start()
+        assert await obj.predict(common(1), items(20), timeout=5.0) == truth[trained_model][1][:20]
+        ours = set(children_of_this_process()) - before
+        ours |= set(obj.engine_pids()) if kind == "pool" else {obj.pid}
+        call = None
+        if busy:
+            call = asyncio.ensure_future(obj.predict(common(2), items(3000) * 20))
+            await asyncio.sleep(0.005)
+        closing = asyncio.ensure_future(obj.close(4.0))
+        await asyncio.sleep(0)  # close() has taken its first step
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        await obj.close(4.0)
+        if call is not None:
+            await asyncio.wait({call}, timeout=10)
+            if call.exception() is None:
+                got = call.result()
+                assert got == (truth[trained_model][2] * 20)[:len(got)]
+            else:
+                assert isinstance(call.exception(), VowpalWabbitError)
+        gone = [await loop.run_in_executor(None, process_gone, pid, 10.0) for pid in sorted(ours)]
+        return obj, ours, gone
+
+    obj, ours, gone = asyncio.run(main())
+    assert len(ours) >= (3 if kind == "pool" else 1)  # the server and its two engines
+    assert all(gone), f"still running after close(): {sorted(ours)}, gone: {gone}"
+    del obj
+
+
+def test_a_reload_cancelled_while_it_stops_a_replacement_start_is_cancelled(
+        trained_model, second_model, truth, tmp_path):
+    """A crashed engine's replacement is starting (slowly) when reload()
+    comes; the reload stops that start, and is cancelled while it waits for
+    it. The cancellation was swallowed there: the reload went on and the
+    object served the new model."""
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_first_model.py"
+    wrapper.write_text(  # slow to start the first model while the flag exists
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}) and {trained_model!r} in sys.argv:\n"
+        "    time.sleep(3)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    command = [sys.executable, str(wrapper)] + default_engine_command()
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                         vw_command=command, restart_on_crash=True)
+        await model.start()
+        flag.write_text("")
+        os.kill(model.pid, signal.SIGKILL)
+        with contextlib.suppress(VowpalWabbitError):
+            await model.predict(common(1), items(3000), timeout=None)
+        replacement = model._starting  # observed only, to time the cancel
+        assert replacement is not None and not replacement.done()
+        reloading = asyncio.ensure_future(model.reload(scoring_args(second_model)))
+        landed = False
+        while not reloading.done():
+            if not landed and replacement.cancelling():  # the reload is stopping it
+                reloading.cancel()
+                landed = True
+            await asyncio.sleep(0)
+        flag.unlink()
+        got = await model.predict(common(3), items(3000), timeout=None)
+        await model.close()
+        return landed, reloading.cancelled(), got
+
+    landed, cancelled, got = asyncio.run(main())
+    assert landed
+    assert cancelled
+    assert got == truth[trained_model][3]  # the old model: the reload did not happen
+
+
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_close_with_a_short_timeout_leaves_no_pipe_open(trained_model, kind):
+    """With a timeout too short for the engine to exit, close() gave up on
+    its stderr reader and left the pipe to the garbage collector."""
+
+    async def main():
+        for _ in range(3):
+            obj = _start_object(kind, trained_model)
+            await obj.start()
+            await obj.predict(common(1), items(20), timeout=5.0)
+            await obj.close(0.005)
+            pids = obj.engine_pids() if kind == "pool" else [obj.pid]
+            del obj
+            for pid in pids:
+                process_gone(pid)
+            await asyncio.sleep(0.2)  # the readers see EOF
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(main())
+        gc.collect()
+    unclosed = [str(warning.message) for warning in caught
+                if issubclass(warning.category, ResourceWarning)]
+    assert unclosed == []
