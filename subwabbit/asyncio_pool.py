@@ -15,6 +15,7 @@ import time
 from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
 
 from .asyncio_process import wait_for_engines
+from .asyncio_support import hand_off, wait_for_closing
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
@@ -88,8 +89,7 @@ class AsyncVowpalWabbitPool(PoolBase):
             if not self._started:
                 group, engines = await self._spawn(self.argv, self.size)
                 generation = self._roster.generation
-                if not self._put_in_service(engines, generation):  # they are discarded
-                    self._discard([], group)
+                if not self._put_in_service(engines, generation, group=group):
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
                 self._groups[generation] = group
                 self._started = True
@@ -122,7 +122,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         timeout = required_seconds(timeout, "timeout")
         began = _clock()
         if self._closing is not None:
-            await asyncio.wait({self._closing})
+            await wait_for_closing(self._closing, timeout)
             return
         slots = self._begin_close_now()
         if slots is None:
@@ -146,10 +146,9 @@ class AsyncVowpalWabbitPool(PoolBase):
         finally:  # cancelled too: the closing goes on on the executor's threads
             free = self._leave_held_to_their_calls_now(slots)
             left = max(0.0, began + timeout - _clock())
-            closing = [loop.run_in_executor(None, close_quietly, slot.engine, left)
-                       for slot in free]
-            closing += [loop.run_in_executor(None, group.close, left)
-                        for group in self._groups.values()]
+            handed = [hand_off(loop, close_quietly, slot.engine, left) for slot in free]
+            handed += [hand_off(loop, group.close, left) for group in self._groups.values()]
+            closing = [future for future in handed if future is not None]
         if closing:
             await asyncio.wait(closing, timeout=max(0.001, began + timeout - _clock()))
 
@@ -175,11 +174,11 @@ class AsyncVowpalWabbitPool(PoolBase):
         if slots:
             loop = asyncio.get_running_loop()
             for slot in slots:
-                loop.run_in_executor(None, close_quietly, slot.engine, timeout)
+                hand_off(loop, close_quietly, slot.engine, timeout)
 
     def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
                  ) -> None:
-        asyncio.get_running_loop().run_in_executor(None, discard, engines, group)
+        hand_off(asyncio.get_running_loop(), discard, engines, group)
 
     def _background(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -264,10 +263,8 @@ class AsyncVowpalWabbitPool(PoolBase):
         except VowpalWabbitError as exc:
             logger.warning("starting the pool's vw engines failed: %s", exc)
             return
-        if self._put_in_service(engines, generation):
+        if self._put_in_service(engines, generation, group=group):
             self._groups[generation] = group
-        else:  # the engines are discarded
-            self._discard([], group)
 
     # ----------------------------------------------------------- not served
 
@@ -295,7 +292,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._started = True
         self._close_later(idle, timeout)
         for old in old_groups:
-            loop.run_in_executor(None, old.close, timeout)
+            hand_off(loop, old.close, timeout)
 
     # ------------------------------------------------------------------ fork
 
@@ -324,4 +321,4 @@ def _abort_started(future: "asyncio.Future[Any]", group: EngineGroup) -> None:
     if not future.cancelled() and future.exception() is None:
         started = future.result()
         engines, whole = (started, group) if isinstance(started, list) else ([started], None)
-        future.get_loop().run_in_executor(None, discard, engines, whole)
+        hand_off(future.get_loop(), discard, engines, whole)

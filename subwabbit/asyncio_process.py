@@ -21,6 +21,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
+from .asyncio_support import hand_off, wait_for_closing
 from .engine_process import EngineProcess, close_quietly, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
@@ -272,7 +273,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         timeout = required_seconds(timeout, "timeout")
         if self._closing is not None:
-            await asyncio.wait({self._closing})
+            await wait_for_closing(self._closing, timeout)
             return
         if self._closed:
             return
@@ -298,13 +299,16 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._abandon_channel("the process was closed")
             await self._shut_down(engine, max(0.0, began + timeout - _clock()))
         except asyncio.CancelledError:
-            # The loop is shutting down: finish on the executor's thread (a
-            # call still on the engine meets it dead).
+            # The loop is shutting down. A call still on the engine keeps its
+            # pipes (their numbers must not go to another pipe under it): the
+            # engine is killed, and its pipes go with the object. Otherwise
+            # the closing finishes off the loop.
+            self._abandon_channel("the process was closed")
             if self._turn.busy and not held:
                 engine.kill()
-            self._abandon_channel("the process was closed")
-            asyncio.get_running_loop().run_in_executor(
-                None, close_quietly, engine, max(0.0, began + timeout - _clock()))
+            else:
+                hand_off(asyncio.get_running_loop(), close_quietly, engine,
+                         max(0.0, began + timeout - _clock()))
             raise
         finally:
             if held:  # calls that were waiting for it now find the object closed
@@ -788,7 +792,7 @@ def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
     if not spawn.cancelled() and spawn.exception() is None:
         engine = spawn.result()
         engine.kill()
-        spawn.get_loop().run_in_executor(None, engine.abort)
+        hand_off(spawn.get_loop(), engine.abort)
 
 
 def _abort_off_loop(engine: EngineProcess) -> None:
@@ -796,7 +800,7 @@ def _abort_off_loop(engine: EngineProcess) -> None:
     executor: a killed engine of a large model takes milliseconds to go, and
     one forked by a stopped fork server is not reaped at all."""
     engine.kill()
-    asyncio.get_running_loop().run_in_executor(None, engine.abort)
+    hand_off(asyncio.get_running_loop(), engine.abort)
 
 
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:

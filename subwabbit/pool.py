@@ -272,13 +272,14 @@ class VowpalWabbitPool(PoolBase):
     def _start_group(self, generation: int) -> None:
         """Start the engines of ``generation``'s group and put them in
         service (on a thread of its own: failures are logged)."""
+        group = self._groups[generation]
         try:
-            engines = self._groups[generation].start(self.size)
+            engines = group.start(self.size)
         except VowpalWabbitError as exc:
             logger.warning("starting the pool's vw engines failed: %s", exc)
             return
         with self._cond:
-            self._put_in_service(engines, generation)
+            self._put_in_service(engines, generation, group=group)
 
     # ----------------------------------------------------------------- close
 

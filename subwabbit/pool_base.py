@@ -748,14 +748,15 @@ class PoolBase(ClientBase):
             self._start_engine_later(slot.generation)
 
     def _put_in_service(self, engines: List[EngineProcess], generation: int,
-                        replacing: bool = False) -> bool:
+                        replacing: bool = False, group: Optional[EngineGroup] = None) -> bool:
         """Add started engines to the roster (with the state lock held), or
-        stop them when the pool closed or moved to another generation.
+        stop them (and ``group``, whose engines they all are) when the pool
+        closed or moved to another generation.
 
         :returns: whether they were added
         """
         if self._closed or generation != self._roster.generation:
-            self._discard(engines)
+            self._discard(engines, group)
             return False
         for engine in engines:
             self._roster.add(engine, generation, self._new_channel())
@@ -794,10 +795,20 @@ class PoolBase(ClientBase):
             pass
 
 
-def discard(engines: List[EngineProcess], group: Optional[EngineGroup] = None) -> None:
-    """Kill started engines that will never serve, then stop their group's
-    fork server (blocks for as long as each takes to go, bounded)."""
+#: How long stopping what will never serve waits for each step: there is no
+#: model to write, and a fork server that does not answer (stopped) is killed.
+DISCARD_WAIT_S = 1.0
+
+
+def discard(engines: List[EngineProcess], group: Optional[EngineGroup] = None,
+            timeout: float = DISCARD_WAIT_S) -> None:
+    """Stop started engines that will never serve, and their group's fork
+    server: every engine is killed first, then the server is stopped (so that
+    an engine it cannot reap any more is not waited for), then each engine is
+    reaped. Blocks for about ``2 * timeout`` at most."""
     for engine in engines:
-        engine.abort()
+        engine.kill()
     if group is not None:
-        group.close()
+        group.close(timeout)
+    for engine in engines:
+        engine.abort(timeout)

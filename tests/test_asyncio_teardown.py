@@ -21,7 +21,8 @@ import pytest
 from subwabbit import AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWabbitError
 from subwabbit.command import default_engine_command
 
-from conftest import DictFormatter, children_of_this_process, common, items, process_gone, scoring_args
+from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
+                      process_gone, scoring_args)
 
 #: How long a loop may go without a turn before it counts as blocked: far
 #: above a turn's cost, far below a stuck fork server's "forever".
@@ -113,21 +114,24 @@ def test_a_reload_whose_fork_server_is_stopped_never_blocks_the_loop(trained_mod
             await reloading
         await asyncio.sleep(0.5)  # what the abandoned reload started is being stopped
         longest = await gaps.stop()
-        os.kill(stopped[0], signal.SIGCONT)
         await pool.close(2.0)
-        return longest, reloading.cancelled()
+        return longest, reloading.cancelled(), time.perf_counter()
 
     try:
         hung, value = run_with_limit(main, 30.0)
+        ended = time.perf_counter()
     finally:
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     assert not hung, "the event loop was blocked by the stopped fork server"
-    longest, cancelled = value
+    longest, cancelled, main_ended = value
     assert longest < BLOCKED_S
     assert cancelled == (how == "reload cancelled")
     assert process_gone(stopped[0])
+    # asyncio.run() waits for the discarding on its executor: one bounded
+    # wait for the server (1 s), not ABORT_WAIT_S (5 s) per engine it forked
+    assert ended - main_ended < 4.0
 
 
 def _start_object(kind: str, model: str):
@@ -245,3 +249,107 @@ def test_a_close_with_a_short_timeout_leaves_no_pipe_open(trained_model, kind):
     unclosed = [str(warning.message) for warning in caught
                 if issubclass(warning.category, ResourceWarning)]
     assert unclosed == []
+
+
+def descendants() -> set:
+    """Pids of this process's descendants still running (not zombies)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = proc_stat(int(entry))
+            if stat is not None and stat[0] != "Z":
+                parents[int(entry)] = int(stat[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_start_cancelled_as_the_loop_ends_leaves_nothing_running(trained_model, kind, caplog):
+    """``asyncio.wait_for(obj.start(), t)`` gives up, ``main()`` returns, and
+    the start still under way on the executor finishes while ``asyncio.run()``
+    shuts that executor down: its clean-up cannot go there any more."""
+    before = descendants()
+
+    async def main():
+        obj = _start_object(kind, trained_model)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(obj.start(), 0.05 if kind == "pool" else 0.001)
+        await obj.close(5.0)
+
+    for _ in range(2):
+        asyncio.run(main())
+    deadline = time.time() + 10
+    while descendants() - before and time.time() < deadline:
+        time.sleep(0.05)
+    assert descendants() - before == set()
+    assert not [record for record in caplog.records if record.levelno >= 40], caplog.text
+
+
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_second_close_on_another_loop_returns(trained_model, kind):
+    """A second close() on another event loop than the first one's: after
+    that loop has ended (``async with`` in one ``asyncio.run``, close() in
+    another), or from another thread's loop while the first close() runs."""
+    obj = _start_object(kind, trained_model)
+
+    async def use_and_close():
+        async with obj:
+            await obj.predict(common(1), items(20), timeout=5.0)
+
+    asyncio.run(use_and_close())
+    asyncio.run(obj.close(2.0))  # the first loop is closed
+
+    obj = _start_object(kind, trained_model)
+    asyncio.run(obj.start())  # its engines are this loop's no more than any other's
+    first_began = threading.Event()
+    took = []
+
+    def second():
+        first_began.wait(10)
+        began = time.perf_counter()
+        asyncio.run(obj.close(2.0))
+        took.append(time.perf_counter() - began)
+
+    async def first():
+        closing = asyncio.ensure_future(obj.close(2.0))
+        await asyncio.sleep(0)
+        first_began.set()
+        await closing
+
+    thread = threading.Thread(target=second, daemon=True)
+    thread.start()
+    asyncio.run(first())
+    thread.join(10)
+    assert not thread.is_alive(), "the second close() never returned"
+    assert took[0] < 2.0 + 0.5
+
+
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_second_close_returns_within_its_own_timeout(trained_model, kind):
+    """The first close() waits for a stopped engine; a second close(0.2)
+    returns after its own 0.2 s, not the first one's."""
+
+    async def main():
+        obj = _start_object(kind, trained_model)
+        await obj.start()
+        pid = obj.engine_pids()[0] if kind == "pool" else obj.pid
+        call = asyncio.ensure_future(obj.predict(common(1), items(3000) * 200))
+        await asyncio.sleep(0.1)
+        os.kill(pid, signal.SIGSTOP)  # the call holds an engine that answers no more
+        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(obj.close(6.0))
+        await asyncio.sleep(0.01)
+        began = time.perf_counter()
+        await obj.close(0.2)
+        took = time.perf_counter() - began
+        await first
+        await asyncio.wait({call}, timeout=10)
+        return took, pid
+
+    took, pid = asyncio.run(main())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    assert took < 0.2 + 0.5
