@@ -15,7 +15,7 @@ import time
 from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
 
 from .asyncio_process import wait_for_engines
-from .asyncio_support import hand_off, wait_for_closing
+from .asyncio_support import close_left_behind, hand_off, wait_for_closing
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
@@ -73,6 +73,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._tasks: Set["asyncio.Future[Any]"] = set()
         self._start_lock: Optional[asyncio.Lock] = None
         self._closing: Optional["asyncio.Future[None]"] = None
+        self._closing_slots: List[Slot] = []
 
     # ------------------------------------------------------------- lifecycle
 
@@ -122,7 +123,11 @@ class AsyncVowpalWabbitPool(PoolBase):
         timeout = required_seconds(timeout, "timeout")
         began = _clock()
         if self._closing is not None:
-            await wait_for_closing(self._closing, timeout)
+            if not await wait_for_closing(self._closing, timeout):
+                logger.warning("close(): the first close() of the pool never ended (its event "
+                               "loop was closed); closing its engines from this loop")
+                await close_left_behind([slot.engine for slot in self._closing_slots],
+                                        list(self._groups.values()), timeout)
             return
         slots = self._begin_close_now()
         if slots is None:
@@ -132,6 +137,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return
+        self._closing_slots = slots
         self._closing = asyncio.ensure_future(self._close_engines(slots, began, timeout))
         await asyncio.shield(self._closing)
 
@@ -145,9 +151,10 @@ class AsyncVowpalWabbitPool(PoolBase):
                 await asyncio.sleep(0.001)
         finally:  # cancelled too: the closing goes on on the executor's threads
             free = self._leave_held_to_their_calls_now(slots)
-            left = max(0.0, began + timeout - _clock())
-            handed = [hand_off(loop, close_quietly, slot.engine, left) for slot in free]
-            handed += [hand_off(loop, group.close, left) for group in self._groups.values()]
+            deadline = began + timeout  # shared when they run one after another
+            handed = [hand_off(loop, _close_engine_by, slot.engine, deadline) for slot in free]
+            handed += [hand_off(loop, _close_group_by, group, deadline)
+                       for group in self._groups.values()]
             closing = [future for future in handed if future is not None]
         if closing:
             await asyncio.wait(closing, timeout=max(0.001, began + timeout - _clock()))
@@ -302,6 +309,15 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._tasks = set()
         self._start_lock = None
         self._closing = None
+        self._closing_slots = []
+
+
+def _close_engine_by(engine: EngineProcess, deadline: float) -> None:
+    close_quietly(engine, max(0.0, deadline - _clock()))
+
+
+def _close_group_by(group: EngineGroup, deadline: float) -> None:
+    group.close(max(0.0, deadline - _clock()))
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:

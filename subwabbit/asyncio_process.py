@@ -21,7 +21,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
-from .asyncio_support import hand_off, wait_for_closing
+from .asyncio_support import close_left_behind, hand_off, wait_for_closing
 from .engine_process import EngineProcess, close_quietly, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
@@ -83,10 +83,11 @@ class _FifoTurn:
         return False
 
     def release(self) -> None:
-        """Pass the turn to the oldest waiter still waiting, or free it."""
+        """Pass the turn to the oldest waiter still waiting, or free it (a
+        waiter whose event loop was closed waits no more)."""
         while self._waiters:
             waiter = self._waiters.popleft()
-            if not waiter.done():
+            if not waiter.done() and not waiter.get_loop().is_closed():
                 waiter.set_result(True)
                 return
         self._busy = False
@@ -273,7 +274,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         timeout = required_seconds(timeout, "timeout")
         if self._closing is not None:
-            await wait_for_closing(self._closing, timeout)
+            if not await wait_for_closing(self._closing, timeout):
+                logger.warning("close(): the first close() of %r never ended (its event loop "
+                               "was closed); closing the engine from this loop", self)
+                engine = self._engine
+                if engine is not None and not engine.closed:
+                    await close_left_behind([engine], [], timeout)
             return
         if self._closed:
             return
@@ -283,6 +289,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         await asyncio.shield(self._closing)
 
     async def _close_engine(self, began: float, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
         await self._cancel_start()
         engine = self._engine
         if engine is None or engine.closed:
@@ -298,17 +305,17 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     engine.kill()
             self._abandon_channel("the process was closed")
             await self._shut_down(engine, max(0.0, began + timeout - _clock()))
-        except asyncio.CancelledError:
-            # The loop is shutting down. A call still on the engine keeps its
-            # pipes (their numbers must not go to another pipe under it): the
-            # engine is killed, and its pipes go with the object. Otherwise
-            # the closing finishes off the loop.
+        except (asyncio.CancelledError, GeneratorExit):
+            # Cancelled (the loop is shutting down), or dropped unfinished
+            # with a closed loop (GeneratorExit). A call still on the engine
+            # keeps its pipes (their numbers must not go to another pipe
+            # under it): the engine is killed, and its pipes go with the
+            # object. Otherwise the closing finishes off the loop.
             self._abandon_channel("the process was closed")
             if self._turn.busy and not held:
                 engine.kill()
-            else:
-                hand_off(asyncio.get_running_loop(), close_quietly, engine,
-                         max(0.0, began + timeout - _clock()))
+            elif not engine.closed:
+                hand_off(loop, close_quietly, engine, max(0.0, began + timeout - _clock()))
             raise
         finally:
             if held:  # calls that were waiting for it now find the object closed

@@ -3,15 +3,18 @@ handed off the event loop, and waiting for a closing that another call (or
 another loop) began.
 
 Clean-up is often started from a done callback, at any moment of the loop's
-life, including while ``asyncio.run()`` shuts the loop's executor down; it
-must still run then, or engines are left behind.
+life, including while ``asyncio.run()`` shuts the loop's executor down, after
+the loop was closed, or at interpreter exit; it must still run then, or
+engines are left behind.
 """
 
 import asyncio
 import logging
-import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
+
+from .engine_group import EngineGroup
+from .engine_process import EngineProcess, close_quietly
 
 logger = logging.getLogger("subwabbit")
 
@@ -22,18 +25,20 @@ def hand_off(loop: asyncio.AbstractEventLoop, function: Callable[..., Any], *arg
              ) -> Optional["asyncio.Future[Any]"]:
     """Run a blocking ``function(*args)`` off the loop, without waiting for it.
 
-    On the loop's default executor; once that is shut down (or the loop
-    closed), on a thread of its own, which the interpreter waits for at exit.
+    On the loop's default executor. Once there is none (``asyncio.run()``
+    shut it down, the loop is closed, or the interpreter is exiting and
+    ``concurrent.futures`` takes no more work) the loop is ending and nothing
+    else waits for a thread: ``function`` then runs here, before this returns
+    (each clean-up is bounded in time).
 
-    :returns: the executor's future, or ``None`` when a thread runs it
+    :returns: the executor's future, or ``None`` when it ran here
     """
     try:
         return loop.run_in_executor(None, function, *args)
-    except RuntimeError:  # executor shut down, loop closed
-        logger.debug("the loop's executor is gone: %s runs on a thread of its own",
+    except RuntimeError:  # executor shut down, loop closed, interpreter exiting
+        logger.debug("the loop's executor is gone: %s runs at once",
                      getattr(function, "__name__", function))
-        threading.Thread(target=_quietly, args=(function,) + args,
-                         name="subwabbit-cleanup").start()
+        _quietly(function, *args)
         return None
 
 
@@ -44,16 +49,36 @@ def _quietly(function: Callable[..., Any], *args: Any) -> None:
         logger.exception("clean-up of a vw engine failed")
 
 
-async def wait_for_closing(closing: "asyncio.Future[Any]", timeout: float) -> None:
+async def wait_for_closing(closing: "asyncio.Future[Any]", timeout: float) -> bool:
     """Wait up to ``timeout`` for a closing that an earlier ``close()`` began,
     without raising what it raises (that call reports it). The closing may
-    belong to another event loop (another thread's, or one that has ended):
-    then it is looked at every few milliseconds."""
+    belong to another event loop (another thread's): then it is looked at
+    every few milliseconds.
+
+    :returns: ``False`` at once when the closing can never end: its loop was
+        closed while it ran (the caller must finish the closing itself);
+        ``True`` otherwise
+    """
     if closing.done():
-        return
+        return True
     if closing.get_loop() is asyncio.get_running_loop():
         await asyncio.wait({closing}, timeout=timeout)
-        return
+        return True
     until = _clock() + timeout
     while not closing.done() and _clock() < until:
+        if closing.get_loop().is_closed():
+            return False
         await asyncio.sleep(min(0.005, max(0.0, until - _clock())))
+    return True
+
+
+async def close_left_behind(engines: Sequence[EngineProcess], groups: Sequence[EngineGroup],
+                            timeout: float) -> None:
+    """Close what a closing whose loop was closed under it left: engines
+    (``close_quietly``) and engine groups, on the executor, within ``timeout``.
+    No call uses their pipes any more: the calls' loop is closed too."""
+    loop = asyncio.get_running_loop()
+    jobs = [loop.run_in_executor(None, close_quietly, engine, timeout) for engine in engines]
+    jobs += [loop.run_in_executor(None, group.close, timeout) for group in groups]
+    if jobs:
+        await asyncio.wait(jobs, timeout=max(0.001, timeout))

@@ -9,8 +9,10 @@ is cancelled (it does not take effect anyway)."""
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -353,3 +355,73 @@ def test_a_second_close_returns_within_its_own_timeout(trained_model, kind):
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
     assert took < 0.2 + 0.5
+
+
+@pytest.mark.parametrize("kind", ["pool", "process"])
+def test_a_second_close_finishes_a_closing_whose_loop_was_closed(trained_model, kind):
+    """The first close() gave up waiting (``wait_for``) and its loop was then
+    closed with the closing still pending, so that closing can never end. A
+    close() on another loop finishes it instead of waiting for it."""
+    loop = asyncio.new_event_loop()
+    obj = _start_object(kind, trained_model)
+    loop.run_until_complete(obj.start())
+    pids = obj.engine_pids() if kind == "pool" else [obj.pid]
+    kept = []  # the pending tasks are kept, so that no garbage collection closes anything
+
+    async def give_up_closing():
+        kept.append(asyncio.ensure_future(obj.predict(common(1), items(3000) * 200)))
+        await asyncio.sleep(0.05)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(obj.close(10.0), 0.01)
+        kept.append(obj._closing)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        loop.run_until_complete(give_up_closing())
+        loop.close()
+    if kind == "process":  # the call holds the engine: nothing has closed it
+        assert not process_gone(pids[0], 0.5)
+    began = time.perf_counter()
+    asyncio.run(obj.close(3.0))
+    assert time.perf_counter() - began < 3.0 + 0.5
+    assert all(process_gone(pid, 5.0) for pid in pids)
+
+
+_CLOSE_AT_EXIT = """
+import asyncio, atexit, json, sys
+sys.path[:0] = {path!r}
+from conftest import DictFormatter, children_of_this_process, common, items, proc_stat, scoring_args
+from subwabbit import AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess
+obj = ({kind}(DictFormatter(), scoring_args({model!r}), **{options!r}))
+pids = []
+
+async def use():
+    await obj.start()
+    await obj.predict(common(1), items(20), timeout=5.0)
+    pids.extend(obj.engine_pids() if hasattr(obj, "engine_pids") else [obj.pid])
+    pids.extend(children_of_this_process())  # the pool's fork server
+
+def running(pid):
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+def close_at_exit():  # concurrent.futures takes no more work by now
+    asyncio.run(obj.close(5.0))
+    print(json.dumps([pid for pid in pids if running(pid)]))
+
+asyncio.run(use())
+atexit.register(close_at_exit)
+"""
+
+
+@pytest.mark.parametrize("kind", ["AsyncVowpalWabbitPool", "AsyncVowpalWabbitProcess"])
+def test_close_at_interpreter_exit_stops_the_engines_before_it_returns(trained_model, kind):
+    """An ``atexit`` handler closes the object: the executor takes no more
+    work then, and a thread started then is waited for by nobody; close()
+    must still have stopped every engine when it returns."""
+    options = {"size": 2} if kind == "AsyncVowpalWabbitPool" else {}
+    program = _CLOSE_AT_EXIT.format(path=[os.path.dirname(__file__)] + sys.path, kind=kind,
+                                    model=trained_model, options=options)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [], done.stdout + done.stderr
