@@ -186,6 +186,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """Start the engine and wait (without blocking the loop) until it answers.
 
         :raises VowpalWabbitStartupError: as the other classes' constructors
+        :raises VowpalWabbitError: when :meth:`close` ran meanwhile
         """
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
@@ -195,11 +196,27 @@ class AsyncVowpalWabbitProcess(ClientBase):
             starting = self._starting
             try:
                 engine = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                self._raise_if_start_stopped(starting)
+                raise  # this task's own cancellation
             finally:
                 if starting.done():
                     self._starting = None
             self._adopt(engine)
         return self
+
+    def _raise_if_start_stopped(self, starting: "asyncio.Future[EngineProcess]") -> None:
+        """A start that :meth:`close` stopped is not the waiting task's own
+        cancellation: it raises what a call on a closed object raises.
+
+        :raises VowpalWabbitError: when ``starting`` was cancelled and this
+            task is not being cancelled itself
+        """
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        if starting.cancelled() and not (cancelling is not None and cancelling()):
+            raise VowpalWabbitError(f"{type(self).__name__} was closed while its engine "
+                                    "started")
 
     async def __aenter__(self) -> "AsyncVowpalWabbitProcess":
         return await self.start()
@@ -515,6 +532,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if not starting.done():
             return False
         self._starting = None
+        if starting.cancelled():  # close() stopped it (it holds no turn)
+            self._raise_if_start_stopped(starting)
         engine = starting.result()  # raises what the start raised
         self._adopt(engine)
         logger.log(logging.WARNING if self._restart_count else logging.INFO,

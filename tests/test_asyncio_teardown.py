@@ -24,7 +24,7 @@ from subwabbit import AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWab
 from subwabbit.command import default_engine_command
 
 from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
-                      process_gone, scoring_args)
+                      process_gone, scoring_args, slow_starting_engine)
 
 #: How long a loop may go without a turn before it counts as blocked: far
 #: above a turn's cost, far below a stuck fork server's "forever".
@@ -184,6 +184,19 @@ def test_a_cancelled_close_still_stops_every_engine(trained_model, truth, kind, 
     del obj
 
 
+async def crashed_with_a_slow_replacement(model: str, command, flag):
+    """A started process (``restart_on_crash``) whose engine was killed and
+    met by a call: its replacement is starting, slowly while ``flag`` exists."""
+    process = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(model), vw_command=command,
+                                       restart_on_crash=True)
+    await process.start()
+    flag.write_text("")
+    os.kill(process.pid, signal.SIGKILL)
+    with contextlib.suppress(VowpalWabbitError):
+        await process.predict(common(1), items(3000), timeout=None)  # meets the crash
+    return process
+
+
 def test_a_reload_cancelled_while_it_stops_a_replacement_start_is_cancelled(
         trained_model, second_model, truth, tmp_path):
     """A crashed engine's replacement is starting (slowly) when reload()
@@ -200,13 +213,7 @@ def test_a_reload_cancelled_while_it_stops_a_replacement_start_is_cancelled(
     command = [sys.executable, str(wrapper)] + default_engine_command()
 
     async def main():
-        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
-                                         vw_command=command, restart_on_crash=True)
-        await model.start()
-        flag.write_text("")
-        os.kill(model.pid, signal.SIGKILL)
-        with contextlib.suppress(VowpalWabbitError):
-            await model.predict(common(1), items(3000), timeout=None)
+        model = await crashed_with_a_slow_replacement(trained_model, command, flag)
         replacement = model._starting  # observed only, to time the cancel
         assert replacement is not None and not replacement.done()
         reloading = asyncio.ensure_future(model.reload(scoring_args(second_model)))
@@ -425,3 +432,31 @@ def test_close_at_interpreter_exit_stops_the_engines_before_it_returns(trained_m
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=60, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [], done.stdout + done.stderr
+
+
+def test_a_start_that_close_stops_raises_closed_not_cancelled(tmp_path, trained_model):
+    """close() stops an engine start under way. The tasks that awaited it,
+    start() and a call waiting for a replacement, were not cancelled
+    themselves: they get the error of a closed object, not CancelledError
+    (which, since Python 3.11, a task takes for its own cancellation)."""
+    flag, command = slow_starting_engine(tmp_path, 1.0)
+
+    async def main():
+        flag.write_text("")
+        first = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                         vw_command=command)
+        starting = asyncio.ensure_future(first.start())
+        await asyncio.sleep(0.2)
+        await first.close(2.0)
+        outcomes = [await asyncio.gather(starting, return_exceptions=True)]
+
+        flag.unlink()
+        second = await crashed_with_a_slow_replacement(trained_model, command, flag)
+        waiting = asyncio.ensure_future(second.predict(common(1), items(20), timeout=None))
+        await asyncio.sleep(0.2)  # it waits for the replacement, which is slow to start
+        await second.close(2.0)
+        outcomes.append(await asyncio.gather(waiting, return_exceptions=True))
+        return [outcome[0] for outcome in outcomes]
+
+    for outcome in asyncio.run(main()):
+        assert isinstance(outcome, VowpalWabbitError) and "closed" in str(outcome), repr(outcome)
