@@ -11,7 +11,7 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
@@ -49,11 +49,19 @@ class _FifoTurn:
     def __init__(self) -> None:
         self._busy = False
         self._waiters: Deque["asyncio.Future[bool]"] = collections.deque()
+        self._when_free: List[Callable[[], None]] = []
 
     @property
     def busy(self) -> bool:
         """Whether a call holds the turn."""
         return self._busy
+
+    def call_when_free(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once no call holds the turn (now, if none does)."""
+        if self._busy:
+            self._when_free.append(callback)
+        else:
+            callback()
 
     async def acquire(self, until: Optional[float]) -> bool:
         """Wait for the turn until ``until`` (a :func:`time.perf_counter` value).
@@ -91,6 +99,9 @@ class _FifoTurn:
                 waiter.set_result(True)
                 return
         self._busy = False
+        callbacks, self._when_free = self._when_free, []
+        for callback in callbacks:
+            callback()
 
 
 class AsyncVowpalWabbitProcess(ClientBase):
@@ -326,11 +337,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
             # Cancelled (the loop is shutting down), or dropped unfinished
             # with a closed loop (GeneratorExit). A call still on the engine
             # keeps its pipes (their numbers must not go to another pipe
-            # under it): the engine is killed, and its pipes go with the
-            # object. Otherwise the closing finishes off the loop.
+            # under it): the engine is killed, and its pipes are closed when
+            # the call gives the turn back. Otherwise the closing finishes
+            # off the loop.
             self._abandon_channel("the process was closed")
             if self._turn.busy and not held:
                 engine.kill()
+                self._turn.call_when_free(engine.close_killed)
             elif not engine.closed:
                 hand_off(loop, close_quietly, engine, max(0.0, began + timeout - _clock()))
             raise

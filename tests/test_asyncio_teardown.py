@@ -460,3 +460,36 @@ def test_a_start_that_close_stops_raises_closed_not_cancelled(tmp_path, trained_
 
     for outcome in asyncio.run(main()):
         assert isinstance(outcome, VowpalWabbitError) and "closed" in str(outcome), repr(outcome)
+
+
+def test_a_closing_cancelled_with_a_call_on_the_engine_closes_its_pipes_after_the_call(
+        trained_model):
+    """``main()`` returns while close() waits for calls in flight, and
+    ``asyncio.run()`` cancels both: the engine is killed at once, and its
+    pipes, which the call may still be waiting on, are closed as soon as the
+    call gives its turn back (they were left to garbage collection)."""
+
+    def fds():
+        return set(os.listdir("/proc/self/fd"))
+
+    kept = []
+    for delay in (0, 0.0005, 0.002, 0.01):
+        before = fds()
+
+        async def main():
+            model = _start_object("process", trained_model)
+            kept.append(model)  # no garbage collection closes anything
+            await model.start()
+            await model.predict(common(1), items(20), timeout=5.0)
+            for user in range(3):
+                asyncio.ensure_future(model.predict(common(user), items(3000), timeout=None))
+            await asyncio.sleep(0.002)
+            asyncio.ensure_future(model.close(3.0))
+            await asyncio.sleep(delay)
+
+        asyncio.run(main())
+        assert process_gone(kept[-1].pid)
+        deadline = time.time() + 3.0
+        while fds() - before and time.time() < deadline:
+            time.sleep(0.05)  # the stderr reader closes its pipe at EOF
+        assert fds() - before == set(), f"left open after close() was cancelled at {delay} s"
