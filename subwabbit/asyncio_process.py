@@ -208,7 +208,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
             try:
                 engine = await asyncio.shield(starting)
             except asyncio.CancelledError:
-                self._raise_if_start_stopped(starting)
+                if self._closed:
+                    self._raise_if_start_stopped(starting)
+                elif starting.cancelled() and not _being_cancelled():
+                    # reload() or restart() stopped this start: the engine
+                    # they start serves the calls (which wait for them)
+                    return self
                 raise  # this task's own cancellation
             finally:
                 if starting.done():
@@ -223,9 +228,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitError: when ``starting`` was cancelled and this
             task is not being cancelled itself
         """
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-        if starting.cancelled() and not (cancelling is not None and cancelling()):
+        if starting.cancelled() and not _being_cancelled():
             raise VowpalWabbitError(f"{type(self).__name__} was closed while its engine "
                                     "started")
 
@@ -832,6 +835,13 @@ def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
         engine = spawn.result()
         engine.kill()
         hand_off(spawn.get_loop(), engine.abort)
+
+
+def _being_cancelled() -> bool:
+    """Whether the current task is being cancelled (known on Python 3.11+;
+    before, ``False``)."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return bool(cancelling is not None and cancelling())
 
 
 def _abort_off_loop(engine: EngineProcess) -> None:

@@ -184,6 +184,31 @@ def test_a_cancelled_close_still_stops_every_engine(trained_model, truth, kind, 
     del obj
 
 
+def slow_to_start(tmp_path, model: str):
+    """An engine command that starts ``model`` 3 s late while a flag file
+    exists (other models at once).
+
+    :returns: the flag's path and the command
+    """
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_for_one_model.py"
+    wrapper.write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}) and {model!r} in sys.argv:\n"
+        "    time.sleep(3)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    return flag, [sys.executable, str(wrapper)] + default_engine_command()
+
+
+async def starting_slowly(model: str, command, flag):
+    """A process whose start() is under way (a task), slowed by ``flag``."""
+    flag.write_text("")
+    process = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(model), vw_command=command)
+    starting = asyncio.ensure_future(process.start())
+    await asyncio.sleep(0.2)
+    return process, starting
+
+
 async def crashed_with_a_slow_replacement(model: str, command, flag):
     """A started process (``restart_on_crash``) whose engine was killed and
     met by a call: its replacement is starting, slowly while ``flag`` exists."""
@@ -203,14 +228,7 @@ def test_a_reload_cancelled_while_it_stops_a_replacement_start_is_cancelled(
     comes; the reload stops that start, and is cancelled while it waits for
     it. The cancellation was swallowed there: the reload went on and the
     object served the new model."""
-    flag = tmp_path / "slow"
-    wrapper = tmp_path / "slow_first_model.py"
-    wrapper.write_text(  # slow to start the first model while the flag exists
-        "import os, sys, time\n"
-        f"if os.path.exists({str(flag)!r}) and {trained_model!r} in sys.argv:\n"
-        "    time.sleep(3)\n"
-        "os.execv(sys.argv[1], sys.argv[1:])\n")
-    command = [sys.executable, str(wrapper)] + default_engine_command()
+    flag, command = slow_to_start(tmp_path, trained_model)
 
     async def main():
         model = await crashed_with_a_slow_replacement(trained_model, command, flag)
@@ -442,11 +460,7 @@ def test_a_start_that_close_stops_raises_closed_not_cancelled(tmp_path, trained_
     flag, command = slow_starting_engine(tmp_path, 1.0)
 
     async def main():
-        flag.write_text("")
-        first = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
-                                         vw_command=command)
-        starting = asyncio.ensure_future(first.start())
-        await asyncio.sleep(0.2)
+        first, starting = await starting_slowly(trained_model, command, flag)
         await first.close(2.0)
         outcomes = [await asyncio.gather(starting, return_exceptions=True)]
 
@@ -493,3 +507,23 @@ def test_a_closing_cancelled_with_a_call_on_the_engine_closes_its_pipes_after_th
         while fds() - before and time.time() < deadline:
             time.sleep(0.05)  # the stderr reader closes its pipe at EOF
         assert fds() - before == set(), f"left open after close() was cancelled at {delay} s"
+
+
+def test_a_start_that_a_reload_replaces_returns_and_the_reload_serves(
+        trained_model, second_model, truth, tmp_path):
+    """start() waits for a slow engine start when another task's reload()
+    stops it to start its own: start() returns (the object is not closed,
+    and the reload's engine serves), rather than raise."""
+    flag, command = slow_to_start(tmp_path, trained_model)
+
+    async def main():
+        model, starting = await starting_slowly(trained_model, command, flag)
+        await model.reload(scoring_args(second_model))
+        started = await asyncio.gather(starting, return_exceptions=True)
+        got = await model.predict(common(2), items(3000), timeout=None)
+        await model.close()
+        return started[0] is model, got
+
+    started, got = asyncio.run(main())
+    assert started
+    assert got == truth[second_model][2]
