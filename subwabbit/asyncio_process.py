@@ -196,39 +196,56 @@ class AsyncVowpalWabbitProcess(ClientBase):
     async def start(self) -> "AsyncVowpalWabbitProcess":
         """Start the engine and wait (without blocking the loop) until it answers.
 
+        It takes the object's turn, as a call does, so that it never races a
+        call, :meth:`restart` or :meth:`reload` that is starting an engine:
+        whichever comes first starts it, and the others find it started.
+
         :raises VowpalWabbitStartupError: as the other classes' constructors
         :raises VowpalWabbitError: when :meth:`close` ran meanwhile
+        :raises VowpalWabbitBusyError: when calls held the object for more
+            than ``io_timeout_s``
         """
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        if self._engine is None:
+        if self._engine is not None:
+            return self
+        cancels_before = _cancel_requests()
+        limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
+        if not await self._turn.acquire(limit):
+            raise VowpalWabbitBusyError("another task's call held the object too long",
+                                        argv=self.argv)
+        try:
+            if self._closed:
+                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            if self._engine is not None:  # started by whoever had the turn before
+                return self
             if self._starting is None:
                 self._starting = asyncio.ensure_future(self._start_engine())
             starting = self._starting
             try:
                 engine = await asyncio.shield(starting)
             except asyncio.CancelledError:
-                if self._closed:
-                    self._raise_if_start_stopped(starting)
-                elif starting.cancelled() and not _being_cancelled():
-                    # reload() or restart() stopped this start: the engine
-                    # they start serves the calls (which wait for them)
-                    return self
+                self._raise_if_start_stopped(starting, cancels_before)
                 raise  # this task's own cancellation
             finally:
                 if starting.done():
                     self._starting = None
             self._adopt(engine)
+        finally:
+            self._turn.release()
         return self
 
-    def _raise_if_start_stopped(self, starting: "asyncio.Future[EngineProcess]") -> None:
+    def _raise_if_start_stopped(self, starting: "asyncio.Future[EngineProcess]",
+                                cancels_before: int) -> None:
         """A start that :meth:`close` stopped is not the waiting task's own
         cancellation: it raises what a call on a closed object raises.
 
+        :param cancels_before: the task's pending cancellation requests when
+            it began waiting (:func:`_cancel_requests`)
         :raises VowpalWabbitError: when ``starting`` was cancelled and this
             task is not being cancelled itself
         """
-        if starting.cancelled() and not _being_cancelled():
+        if starting.cancelled() and _cancel_requests() <= cancels_before:
             raise VowpalWabbitError(f"{type(self).__name__} was closed while its engine "
                                     "started")
 
@@ -520,6 +537,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     async def _ensure_engine(self, deadline: Optional[float],
                              metrics: Optional[Dict[str, Any]]) -> bool:
+        cancels_before = _cancel_requests()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._engine is not None and self._broken is None:
@@ -549,7 +567,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             return False
         self._starting = None
         if starting.cancelled():  # close() stopped it (it holds no turn)
-            self._raise_if_start_stopped(starting)
+            self._raise_if_start_stopped(starting, cancels_before)
         engine = starting.result()  # raises what the start raised
         self._adopt(engine)
         logger.log(logging.WARNING if self._restart_count else logging.INFO,
@@ -837,11 +855,12 @@ def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
         hand_off(spawn.get_loop(), engine.abort)
 
 
-def _being_cancelled() -> bool:
-    """Whether the current task is being cancelled (known on Python 3.11+;
-    before, ``False``)."""
+def _cancel_requests() -> int:
+    """The current task's pending cancellation requests (Python 3.11+; 0
+    before). A task that once swallowed a cancellation keeps a count: what
+    tells that it is being cancelled now is a count above the one it had."""
     cancelling = getattr(asyncio.current_task(), "cancelling", None)
-    return bool(cancelling is not None and cancelling())
+    return cancelling() if cancelling is not None else 0
 
 
 def _abort_off_loop(engine: EngineProcess) -> None:

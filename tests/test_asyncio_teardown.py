@@ -527,3 +527,68 @@ def test_a_start_that_a_reload_replaces_returns_and_the_reload_serves(
     started, got = asyncio.run(main())
     assert started
     assert got == truth[second_model][2]
+
+
+def test_start_waits_its_turn_behind_a_restart_and_a_call_starting_the_engine(tmp_path,
+                                                                              trained_model,
+                                                                              truth):
+    """start() raced what else starts an engine. Called while restart() was
+    starting one, it started a second and both were adopted: one engine ran
+    on after close(). Called while a call waited for the first start, it
+    adopted the engine again and the call failed ('moved to another engine')."""
+    flag, command = slow_starting_engine(tmp_path, 0.6)
+
+    async def main():
+        before = set(children_of_this_process())
+        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                         vw_command=command)
+        await model.start()
+        flag.write_text("")
+        restarting = asyncio.ensure_future(model.restart())
+        await asyncio.sleep(0.2)  # the restart is starting its engine (slowly)
+        flag.unlink()
+        await asyncio.gather(restarting, model.start())
+        running = set(children_of_this_process()) - before
+        await model.close()
+        left = [pid for pid in running if not process_gone(pid, 5.0)]
+
+        fresh = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model))
+        got, _ = await asyncio.gather(fresh.predict(common(1), items(3000), timeout=None),
+                                      fresh.start())
+        restarts = fresh._restart_count
+        await fresh.close()
+        return running, left, got, restarts
+
+    running, left, got, restarts = asyncio.run(main())
+    assert len(running) == 1 and left == []
+    assert got == truth[trained_model][1] and restarts == 0
+
+
+def test_a_task_that_once_swallowed_a_cancellation_gets_closed_not_cancelled(tmp_path,
+                                                                             trained_model):
+    """Python 3.11's ``asyncio.wait_for`` can leave a task's count of
+    cancellation requests at 1 (a cancel that came as its inner task ended).
+    Such a task is not being cancelled: a start() that close() stops must
+    still raise the closed object's error, not CancelledError."""
+    flag, command = slow_starting_engine(tmp_path, 1.0)
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                         vw_command=command)
+
+        async def swallow_then_start():
+            asyncio.current_task().cancel()
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pass  # swallowed, with no uncancel()
+            flag.write_text("")
+            await model.start()
+
+        starting = asyncio.ensure_future(swallow_then_start())
+        await asyncio.sleep(0.3)
+        await model.close(2.0)
+        return (await asyncio.gather(starting, return_exceptions=True))[0]
+
+    outcome = asyncio.run(main())
+    assert isinstance(outcome, VowpalWabbitError) and "closed" in str(outcome), repr(outcome)
