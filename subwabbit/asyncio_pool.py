@@ -15,7 +15,7 @@ import time
 from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
 
 from .asyncio_process import wait_for_engines
-from .asyncio_support import close_left_behind, hand_off, wait_for_closing
+from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
@@ -151,11 +151,8 @@ class AsyncVowpalWabbitPool(PoolBase):
                 await asyncio.sleep(0.001)
         finally:  # cancelled too: the closing goes on on the executor's threads
             free = self._leave_held_to_their_calls_now(slots)
-            deadline = began + timeout  # shared when they run one after another
-            handed = [hand_off(loop, _close_engine_by, slot.engine, deadline) for slot in free]
-            handed += [hand_off(loop, _close_group_by, group, deadline)
-                       for group in self._groups.values()]
-            closing = [future for future in handed if future is not None]
+            closing = hand_off_closing(loop, [slot.engine for slot in free],
+                                       list(self._groups.values()), began + timeout)
         if closing:
             await asyncio.wait(closing, timeout=max(0.001, began + timeout - _clock()))
 
@@ -310,14 +307,6 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._start_lock = None
         self._closing = None
         self._closing_slots = []
-
-
-def _close_engine_by(engine: EngineProcess, deadline: float) -> None:
-    close_quietly(engine, max(0.0, deadline - _clock()))
-
-
-def _close_group_by(group: EngineGroup, deadline: float) -> None:
-    group.close(max(0.0, deadline - _clock()))
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:

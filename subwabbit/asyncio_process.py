@@ -21,8 +21,8 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
-from .asyncio_support import close_left_behind, hand_off, wait_for_closing
-from .engine_process import EngineProcess, close_quietly, shutdown_schedule
+from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
+from .engine_process import EngineProcess, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import check_line, parse_scalar
@@ -365,7 +365,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 engine.kill()
                 self._turn.call_when_free(engine.close_killed)
             elif not engine.closed:
-                hand_off(loop, close_quietly, engine, max(0.0, began + timeout - _clock()))
+                hand_off_closing(loop, [engine], [], began + timeout)
             raise
         finally:
             if held:  # calls that were waiting for it now find the object closed
@@ -850,9 +850,7 @@ def _log_close_failure(task: "asyncio.Future[None]") -> None:
 def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
     """Kill an engine whose start was cancelled while it was being spawned."""
     if not spawn.cancelled() and spawn.exception() is None:
-        engine = spawn.result()
-        engine.kill()
-        hand_off(spawn.get_loop(), engine.abort)
+        _abort_off_loop(spawn.result(), spawn.get_loop())
 
 
 def _cancel_requests() -> int:
@@ -863,12 +861,14 @@ def _cancel_requests() -> int:
     return cancelling() if cancelling is not None else 0
 
 
-def _abort_off_loop(engine: EngineProcess) -> None:
+def _abort_off_loop(engine: EngineProcess,
+                    loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
     """Kill an engine now and reap it (and close its pipes) on the loop's
-    executor: a killed engine of a large model takes milliseconds to go, and
-    one forked by a stopped fork server is not reaped at all."""
+    executor (``loop``, by default the running one): a killed engine of a
+    large model takes milliseconds to go, and one forked by a stopped fork
+    server is not reaped at all."""
     engine.kill()
-    hand_off(asyncio.get_running_loop(), engine.abort)
+    hand_off(loop or asyncio.get_running_loop(), engine.abort)
 
 
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:

@@ -11,7 +11,7 @@ engines are left behind.
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess, close_quietly
@@ -72,13 +72,34 @@ async def wait_for_closing(closing: "asyncio.Future[Any]", timeout: float) -> bo
     return True
 
 
+def hand_off_closing(loop: asyncio.AbstractEventLoop, engines: Sequence[EngineProcess],
+                     groups: Sequence[EngineGroup], deadline: float
+                     ) -> "List[asyncio.Future[Any]]":
+    """Close engines (``close_quietly``) and engine groups off the loop
+    (:func:`hand_off`), each within what is left until ``deadline`` (a
+    :func:`time.perf_counter` value) when it runs: when there is no executor
+    they run one after another, and share it.
+
+    :returns: the executor's futures (none for what ran here)
+    """
+    handed = [hand_off(loop, _close_engine_by, engine, deadline) for engine in engines]
+    handed += [hand_off(loop, _close_group_by, group, deadline) for group in groups]
+    return [future for future in handed if future is not None]
+
+
+def _close_engine_by(engine: EngineProcess, deadline: float) -> None:
+    close_quietly(engine, max(0.0, deadline - _clock()))
+
+
+def _close_group_by(group: EngineGroup, deadline: float) -> None:
+    group.close(max(0.0, deadline - _clock()))
+
+
 async def close_left_behind(engines: Sequence[EngineProcess], groups: Sequence[EngineGroup],
                             timeout: float) -> None:
-    """Close what a closing whose loop was closed under it left: engines
-    (``close_quietly``) and engine groups, on the executor, within ``timeout``.
-    No call uses their pipes any more: the calls' loop is closed too."""
-    loop = asyncio.get_running_loop()
-    jobs = [loop.run_in_executor(None, close_quietly, engine, timeout) for engine in engines]
-    jobs += [loop.run_in_executor(None, group.close, timeout) for group in groups]
+    """Close what a closing whose loop was closed under it left: engines and
+    engine groups, off the loop, within ``timeout``. No call uses their pipes
+    any more: the calls' loop is closed too."""
+    jobs = hand_off_closing(asyncio.get_running_loop(), engines, groups, _clock() + timeout)
     if jobs:
         await asyncio.wait(jobs, timeout=max(0.001, timeout))
