@@ -22,7 +22,7 @@ from .command import VwArgs
 from .core.roster import Slot
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import EngineProcess, close_quietly
+from .engine_process import EngineProcess, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
@@ -178,7 +178,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         if slots:
             loop = asyncio.get_running_loop()
             for slot in slots:
-                hand_off(loop, close_quietly, slot.engine, timeout)
+                hand_off(loop, retire_quietly, slot.engine, timeout)
 
     def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
                  ) -> None:
@@ -296,7 +296,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._started = True
         self._close_later(idle, timeout)
         for old in old_groups:
-            hand_off(loop, old.close, timeout)
+            hand_off(loop, old.retire, timeout)
 
     # ------------------------------------------------------------------ fork
 

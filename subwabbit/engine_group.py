@@ -14,13 +14,14 @@ import concurrent.futures
 import logging
 import os
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
+from .core.exchanges import warm_up_lines_usable
 from .core.kinds import PredictionKind
-from .engine_process import EngineProcess
+from .engine_process import RETIRING_NICE, EngineProcess, lower_to_nice, threads_of
 from .errors import VowpalWabbitError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
-from .sync_driver import check_answers_probe, start_engine
+from .sync_driver import check_answers_probe, start_engine, warm_up
 
 logger = logging.getLogger("subwabbit")
 
@@ -40,16 +41,22 @@ class EngineGroup:
         must have (``None``: any)
     :param low_priority: run the engines below the client's priority (see
         :func:`lower_priority`)
+    :param warm_up_lines: returns lines a recent call sent (or ``None``);
+        each engine predicts them before it is handed over (see
+        :func:`~subwabbit.sync_driver.warm_up`), so that the first calls
+        after a reload or a replacement are not slowed by a new engine
     """
 
     def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
                  outputs_per_line: int = 1, kind: Optional[PredictionKind] = None,
-                 low_priority: bool = False) -> None:
+                 low_priority: bool = False,
+                 warm_up_lines: Optional[Callable[[], Optional[List[str]]]] = None) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
         self.outputs_per_line = outputs_per_line
         self.kind = kind
         self.low_priority = low_priority
+        self._warm_up_lines = warm_up_lines
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
 
@@ -86,9 +93,7 @@ class EngineGroup:
             return forked
         with concurrent.futures.ThreadPoolExecutor(
                 max_workers=count, thread_name_prefix="subwabbit-pool-start") as executor:
-            futures = [executor.submit(start_engine, self.argv, self.outputs_per_line,
-                                       self.startup_timeout_s, None, self.kind)
-                       for _ in range(count)]
+            futures = [executor.submit(self._start_copy) for _ in range(count)]
             concurrent.futures.wait(futures)
         engines = [future.result() for future in futures if future.exception() is None]
         errors = [future.exception() for future in futures if future.exception() is not None]
@@ -105,8 +110,7 @@ class EngineGroup:
         """Start one more engine (a replacement) and check that it answers."""
         server = self.server
         if server is None or server.closed:
-            engine = start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
-                                  self.kind)
+            engine = self._start_copy()
             if self.low_priority:
                 lower_priority(engine.pid)
             return engine
@@ -114,10 +118,30 @@ class EngineGroup:
         engine = server.fork_engine(self.startup_timeout_s)
         try:
             check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
+            self._warm_up(engine)
         except BaseException:
             engine.abort()
             raise
         return engine
+
+    def _start_copy(self) -> EngineProcess:
+        """Start an engine that loads its own copy of the model, check that
+        it answers, and warm it up."""
+        engine = start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
+                              self.kind)
+        try:
+            self._warm_up(engine)
+        except BaseException:
+            engine.abort()
+            raise
+        return engine
+
+    def _warm_up(self, engine: EngineProcess) -> None:
+        """Have a started engine predict lines a recent call sent, if any
+        (within the start-up timeout)."""
+        lines = self._warm_up_lines() if self._warm_up_lines is not None else None
+        if lines and warm_up_lines_usable(lines) and self.outputs_per_line:
+            warm_up(engine, lines, self.outputs_per_line, _clock() + self.startup_timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server, if any (its engines are closed one by one)."""
@@ -127,6 +151,15 @@ class EngineGroup:
                 server.close(timeout_s)
             except VowpalWabbitError as exc:
                 logger.debug("closing the pool's fork server: %s", exc)
+
+    def retire(self, timeout_s: float = 5.0) -> None:
+        """Stop the fork server of a model no longer served, at the lowest
+        CPU priority (it frees the model on its way out: see
+        :func:`~subwabbit.engine_process.retire_quietly`)."""
+        server = self.server
+        if server is not None:
+            lower_to_nice(server.pid, RETIRING_NICE, alive=lambda: server.engine.returncode is None)
+        self.close(timeout_s)
 
     def abandon_in_fork(self) -> None:
         """In a forked client process: let go of the server without touching it."""
@@ -151,13 +184,9 @@ def lower_priority(pid: int) -> None:
     feeds every engine, so it must not wait for them. Failures (another OS, limits)
     are logged and ignored.
     """
-    try:
-        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        threads = [pid]
     # On Linux both settings belong to each thread: every thread of the
     # engine (vw's own driver has a parser and a learner thread) is lowered.
-    for tid in threads:
+    for tid in threads_of(pid):
         try:
             os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except (AttributeError, OSError) as exc:

@@ -21,7 +21,7 @@ from .core.roster import Slot
 from .core.split import Lane
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly
+from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
@@ -127,7 +127,7 @@ class VowpalWabbitPool(PoolBase):
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
         if slots:
-            threading.Thread(target=_close_all, args=([slot.engine for slot in slots], timeout),
+            threading.Thread(target=_retire_all, args=([slot.engine for slot in slots], timeout),
                              name="subwabbit-pool-close", daemon=True).start()
 
     def _start_engine_later(self, generation: int) -> None:
@@ -244,7 +244,7 @@ class VowpalWabbitPool(PoolBase):
             idle, old_groups = self._switch_to(group, engines, plan)
         self._close_later(idle, timeout)
         for old in old_groups:
-            old.close(timeout)
+            old.retire(timeout)
 
     # ------------------------------------------------------------------ fork
 
@@ -326,9 +326,9 @@ class VowpalWabbitPool(PoolBase):
         self.close()
 
 
-def _close_all(engines: List[EngineProcess], timeout: float) -> None:
+def _retire_all(engines: List[EngineProcess], timeout: float) -> None:
     for engine in engines:
-        close_quietly(engine, timeout)
+        retire_quietly(engine, timeout)
 
 
 def _wait_for_lanes(lanes: List[Lane], until: Optional[float]) -> None:

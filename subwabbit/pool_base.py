@@ -169,6 +169,10 @@ class PoolBase(ClientBase):
         #: counters since the pool was created (see :meth:`stats`)
         self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
                           "reloads": 0, "waited_for_engine": 0}
+        #: the first batch of the last call that got predictions with no
+        #: engine failing: what new engines are warmed up with (see
+        #: :meth:`_warm_up_lines`)
+        self._recent_lines: Optional[List[str]] = None
 
     # ---------------------------------------------------------------- status
 
@@ -480,7 +484,15 @@ class PoolBase(ClientBase):
     def _new_group(self, argv: List[str]) -> EngineGroup:
         """The engines of one model, started with ``argv``."""
         return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
-                           self._outputs_per_line, self._probe_kind, self.low_priority_engines)
+                           self._outputs_per_line, self._probe_kind, self.low_priority_engines,
+                           self._warm_up_lines)
+
+    def _warm_up_lines(self) -> Optional[List[str]]:
+        """Lines a recent call sent and had answered, for new engines
+        (a reload's, a replacement, those a forked child starts) to predict
+        before they serve: a new engine is slow on its first few hundred
+        lines. Called on the thread that starts the engines."""
+        return self._recent_lines
 
     # ------------------------------------------------ what each driver supplies
 
@@ -539,6 +551,8 @@ class PoolBase(ClientBase):
                     metrics["model_generation"] = generation
                 engines_used = yield from self._serve(exchange, items_features, generation,
                                                       results)
+                if results and not exchange.failed_lanes and exchange.first_lines:
+                    self._recent_lines = exchange.first_lines
         finally:
             if exchange is not None:
                 engines_used = max(engines_used, len(exchange.lanes))

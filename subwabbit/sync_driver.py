@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .core.channel import Channel
-from .core.exchanges import Exchange
+from .core.exchanges import Exchange, WarmUpExchange
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
@@ -105,6 +105,30 @@ def check_answers_probe(engine: EngineProcess, outputs_per_line: int, deadline: 
     except VowpalWabbitProtocolError as exc:
         mismatch = exc
     check_probe_result(engine, exchange, mismatch, kind)
+
+
+def warm_up(engine: EngineProcess, lines: List[str], outputs_per_line: int,
+            deadline: float) -> None:
+    """Have a started engine predict ``lines`` (twice) and drop the
+    answers, so that its first calls do not pay for its first lines (see
+    :class:`~subwabbit.core.exchanges.WarmUpExchange`).
+
+    :raises VowpalWabbitStartupError: when the engine fails on them or does
+        not answer them by ``deadline``
+    """
+    channel = Channel(outputs_per_line)
+    exchange = WarmUpExchange(channel, channel.begin(), deadline, lines)
+    try:
+        run(engine, exchange)
+    except VowpalWabbitEngineExitedError as exc:
+        raise engine.exited_at_startup() from exc
+    except VowpalWabbitProtocolError as exc:
+        raise engine.startup_error(f"the vw engine's answers to its warm-up lines: {exc.message}",
+                                   wait_for_exit=False) from exc
+    if exchange.timed_out:
+        raise engine.startup_error("the vw engine did not answer its warm-up lines (lines "
+                                   "a recent call sent) within the start-up timeout",
+                                   wait_for_exit=False)
 
 
 def await_input_consumed(engine: EngineProcess, deadline: float) -> None:

@@ -136,6 +136,18 @@ def test_drivers_benchmark_measures_both_drivers():
     assert "predictions/s" in output
 
 
+def test_the_reload_benchmark_prints_the_calls_around_its_reloads():
+    # a 1 s timeout: every call returns its 300 items, reload or not
+    output = run_module("benchmarks.reload", "--reloads", "2", "--every", "0.2", "--items", "300",
+                        "--timeout", "1")
+    assert "pool of 2, 300 items per call, timeout 1000 ms, 2 reloads" in output, output
+    figures = output.split("predictions per call: ")[1]
+    assert figures.startswith("steady 300; during a reload ") or \
+        figures.startswith("steady nan; during a reload "), output
+    assert "calls 1-4 on the new engines 300, 300, 300, 300 (the fewest in a first call: 300)" \
+        in output, output
+
+
 def test_idle_ramp_prints_each_place_with_the_engine_threads_statistics():
     # a 1 s timeout: every call returns its 300 items, however cold the engine
     output = run_module("benchmarks.idle_ramp", "--turns", "2", "--calls", "3", "--items", "300",

@@ -203,6 +203,9 @@ class SplitPredictExchange:
         self.failed_lanes = 0
         #: lines dealt a second time, to another lane (see the module's text)
         self.hedged_lines = 0
+        #: the formatted lines of the call's first batch (``None`` before it
+        #: is formatted, and for a multi-line kind)
+        self.first_lines: Optional[List[str]] = None
         self.done = False
         self.timed_out = False
 
@@ -488,6 +491,8 @@ class SplitPredictExchange:
         if not parts:
             return None
         batch = _Batch(self.formatted, self._join(parts, self.formatted))
+        if not self.formatted:
+            self.first_lines = batch.lines
         self.formatted += len(parts)
         self._order.append(batch)
         return batch

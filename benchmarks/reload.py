@@ -1,0 +1,112 @@
+"""What a model reload costs the calls around it, on a pool serving without pause.
+
+Run: ``python -m benchmarks.reload [--reloads N] [--size N] [--items N]
+[--timeout S] [--every S]``.
+
+One thread calls a :class:`~subwabbit.pool.VowpalWabbitPool` without pause
+(the workload's requests in turn, ``--timeout`` each) while the main thread
+reloads the same model every ``--every`` seconds. It prints the mean
+predictions per call of the calls before the first reload (after 20 calls),
+of the calls that ran during a reload (the new model loading and its engines
+starting), and of the first four calls on each reload's new engines, and
+the fewest any first call got. Its figures are in the serving guide
+(``docs/serving.rst``, "Refreshing the model").
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Tuple
+
+from subwabbit import VowpalWabbitPool
+
+from .turns import train_model
+from .workload import RecommenderFormatter, Workload, prediction_args
+
+#: calls after the switch reported one by one
+AFTER = 4
+#: calls at the start that are not counted in the steady figure
+WARM_UP_CALLS = 20
+
+
+def measure(pool: VowpalWabbitPool, workload: Workload, args: List[str], reloads: int,
+            every: float, timeout: float) -> Dict[str, Any]:
+    """Call the pool from a thread, reload it ``reloads`` times meanwhile,
+    and sum up the calls around the reloads."""
+    calls: List[Tuple[float, int, int]] = []  # (ended at, predictions, generation)
+    stop = threading.Event()
+
+    def caller() -> None:
+        index = 0
+        while not stop.is_set():
+            metrics: Dict[str, Any] = {}
+            got = pool.predict(workload.requests[index % len(workload)],
+                               workload.candidates[index % len(workload)],
+                               timeout=timeout, metrics=metrics)
+            calls.append((time.perf_counter(), len(got), metrics.get("model_generation", -1)))
+            index += 1
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    switches = []
+    try:
+        for _ in range(reloads):
+            time.sleep(every)
+            began = time.perf_counter()
+            pool.reload(args)
+            switches.append((began, time.perf_counter()))
+        time.sleep(min(every, 0.5))
+    finally:
+        stop.set()
+        thread.join()
+    first_call: Dict[int, int] = {}
+    for index, (_, _, generation) in enumerate(calls):
+        first_call.setdefault(generation, index)
+    steady = [count for _, count, generation in calls[WARM_UP_CALLS:] if generation == 0]
+    during = [count for began, ended in switches
+              for at, count, _ in calls if began <= at <= ended]
+    after = [[calls[index + place][1] for generation, index in first_call.items()
+              if generation > 0 and index + place < len(calls)] for place in range(AFTER)]
+    return {"steady": statistics.mean(steady) if steady else float("nan"),
+            "during": statistics.mean(during) if during else float("nan"),
+            "after": [statistics.mean(place) if place else float("nan") for place in after],
+            "fewest_first": min(after[0]) if after[0] else None,
+            "reload_ms": statistics.mean((ended - began) * 1000 for began, ended in switches)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reloads", type=int, default=10)
+    parser.add_argument("--every", type=float, default=1.0,
+                        help="seconds between reloads (default 1)")
+    parser.add_argument("--size", type=int, default=2, help="engines (default 2)")
+    parser.add_argument("--items", type=int, default=3000)
+    parser.add_argument("--timeout", type=float, default=0.010)
+    options = parser.parse_args()
+    if options.reloads < 1 or options.every <= 0 or options.size < 1:
+        parser.error("--reloads and --size must be at least 1, --every above 0")
+    workload = Workload(50, options.items)
+    with tempfile.TemporaryDirectory() as directory:
+        model = os.path.join(directory, "model.vw")
+        train_model(workload, model)
+        args = prediction_args(model)
+        with VowpalWabbitPool(RecommenderFormatter(), args, size=options.size) as pool:
+            for index in range(WARM_UP_CALLS):
+                pool.predict(workload.requests[index], workload.candidates[index],
+                             timeout=options.timeout)
+            result = measure(pool, workload, args, options.reloads, options.every,
+                             options.timeout)
+    print(f"pool of {options.size}, {options.items} items per call, timeout "
+          f"{options.timeout * 1000:g} ms, {options.reloads} reloads "
+          f"(each {result['reload_ms']:.0f} ms on average)")
+    print(f"predictions per call: steady {result['steady']:,.0f}; during a reload "
+          f"{result['during']:,.0f}; calls 1-{AFTER} on the new engines "
+          + ", ".join(f"{value:,.0f}" for value in result["after"])
+          + f" (the fewest in a first call: {result['fewest_first']})")
+
+
+if __name__ == "__main__":
+    main()

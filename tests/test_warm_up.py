@@ -1,0 +1,231 @@
+"""New engines of a pool warm up on a recent call's lines before they serve,
+and engines that serve no more are closed at the lowest CPU priority.
+
+A new engine is slow on its first few hundred lines (its example pool and
+buffers grow), and an engine on its way out (a fork server frees the
+model) takes CPU from the calls in progress: both showed in the calls
+right after a reload. The core's part is tested without processes; the
+pools' part on real engines, by what the engines read (``/proc/PID/io``)
+and their nice values (``/proc/PID/stat``).
+"""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
+from subwabbit.core.channel import Channel
+from subwabbit.core.exchanges import WarmUpExchange, warm_up_lines_usable
+
+from conftest import DictFormatter, common, format_lines, items, proc_stat, scoring_args
+
+#: The pools' batch: the first batch of a call is what new engines warm up on.
+FIRST_BATCH = 100
+
+
+def read_chars(pid):
+    """Bytes the process has read with read(2) and the like since it started."""
+    with open(f"/proc/{pid}/io", encoding="utf-8") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def nice_of(pid):
+    """The nice value of ``pid``'s main thread, or ``None`` once it is gone."""
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[16])
+
+
+def sample_bytes(user):
+    """The bytes of the first batch of a call for ``user`` on items(3000)."""
+    lines = format_lines(DictFormatter(), common(user), items(3000))[:FIRST_BATCH]
+    return len(("\n".join(lines) + "\n").encode())
+
+
+# ------------------------------------------------------------------ the core
+
+
+def test_the_warm_up_sends_each_round_once_the_last_is_answered_and_drops_the_answers():
+    channel = Channel(1)
+    call = channel.begin()
+    exchange = WarmUpExchange(channel, call, None, ["|a x", "|a y"], rounds=2)
+    sent = []
+
+    def write(view):
+        sent.append(bytes(view))
+        return len(view)
+
+    assert exchange.step(0.0) == []
+    channel.write_with(write)
+    assert sent == [b"|a x\n|a y\n"] and not exchange.done
+    exchange.step(0.1)  # nothing answered yet: no second round
+    assert channel.unwritten_bytes == 0 and call.owed_lines == 2
+    channel.receive(b"0.5\n")
+    exchange.step(0.2)
+    assert channel.unwritten_bytes == 0 and not exchange.done
+    channel.receive(b"0.25\n")
+    exchange.step(0.3)
+    channel.write_with(write)
+    assert sent[-1] == b"|a x\n|a y\n" and not exchange.done
+    channel.receive(b"0.5\n0.25\n")
+    assert exchange.step(0.4) == [] and exchange.done and not exchange.timed_out
+    assert call.answers == []
+
+
+def test_the_warm_up_ends_at_its_deadline():
+    channel = Channel(1)
+    exchange = WarmUpExchange(channel, channel.begin(), 1.0, ["|a x"], rounds=2)
+    exchange.step(0.5)
+    exchange.step(1.0)
+    assert exchange.done and exchange.timed_out
+
+
+@pytest.mark.parametrize("lines", [[], ["1 |a x"], ["'tag |a x"], ["|a x", "|a\ny"],
+                                   ["|a\r"], [" |a x"]])
+def test_only_unlabelled_single_line_examples_warm_an_engine_up(lines):
+    assert not warm_up_lines_usable(lines)
+    with pytest.raises(ValueError):
+        WarmUpExchange(Channel(1), Channel(1).begin(), None, lines)
+
+
+def test_lines_of_examples_with_no_label_warm_an_engine_up():
+    assert warm_up_lines_usable(["|u u1 |i i2 c2", "|i i3"])
+
+
+# ----------------------------------------------------------------- the pools
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_reloads_engines_predict_a_recent_calls_lines_before_they_serve(
+        trained_model, second_model, truth, share):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          share_weights=share) as pool:
+        pool.reload(scoring_args(trained_model))  # before any call: nothing to warm up on
+        cold = [read_chars(pid) for pid in pool.engine_pids()]
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        pool.reload(scoring_args(trained_model))
+        warm = [read_chars(pid) for pid in pool.engine_pids()]
+        # Twice the first batch of the last call, besides what a cold one
+        # read (with a copy each: the same model file too).
+        assert min(warm) - max(cold) >= 2 * sample_bytes(1), (cold, warm)
+        if share:  # a forked engine had read only its start-up probes
+            assert max(cold) < 100
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+        pool.reload(scoring_args(second_model))
+        assert pool.predict(common(2), items(3000)) == truth[second_model][2]
+
+
+def test_a_replacement_engine_is_warmed_up_before_it_serves(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+        victim, survivor = pool.engine_pids()
+        os.kill(victim, signal.SIGKILL)
+        # A short call, over before the replacement is up: it serves no call
+        # before the check below.
+        assert pool.predict(common(4), items(200)) == truth[trained_model][4][:200]
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        (replacement,) = set(pool.engine_pids()) - {survivor}
+        # The call that met the dead engine failed a lane: its lines are not
+        # the sample; the call before it (user 3) gave it.
+        assert read_chars(replacement) >= 2 * sample_bytes(3)
+
+
+def test_warming_up_changes_no_prediction_of_a_model_loaded_for_learning(
+        trained_model, tmp_path, truth):
+    # Without -t the engines would learn from labelled lines: the warm-up
+    # lines have no label, so the predictions stay the model's.
+    args = [arg for arg in scoring_args(trained_model) if arg != "-t"]
+    with VowpalWabbitPool(DictFormatter(), args, size=2) as pool:
+        for user in range(3):
+            assert pool.predict(common(user), items(3000)) == truth[trained_model][user]
+        pool.reload(args)
+        for user in range(3):
+            assert pool.predict(common(user), items(3000)) == truth[trained_model][user]
+
+
+def test_no_warm_up_with_lines_that_carry_a_label(trained_model, truth):
+    class Labelled(DictFormatter):
+        def format_common_features(self, common_features, debug_info=None):
+            return "'req " + super().format_common_features(common_features, debug_info)
+
+    with VowpalWabbitPool(Labelled(), scoring_args(trained_model), size=2) as pool:
+        pool.predict(common(1), items(300))
+        pool.reload(scoring_args(trained_model))
+        assert max(read_chars(pid) for pid in pool.engine_pids()) < 100
+
+
+def test_the_old_engines_and_fork_server_of_a_reload_are_closed_at_the_lowest_priority(
+        trained_model, second_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        pool.predict(common(1), items(300))
+        old = pool.engine_pids()
+        server = pool._groups[0].server.pid  # pylint: disable=protected-access
+        # Stopped, they cannot exit before their nice values are read.
+        for pid in old + [server]:
+            os.kill(pid, signal.SIGSTOP)
+        seen = {}
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                for pid in old + [server]:
+                    nice = nice_of(pid)
+                    if nice is not None:
+                        seen[pid] = max(seen.get(pid, -20), nice)
+                time.sleep(0.005)
+
+        before = {pid: nice_of(pid) for pid in old + [server]}
+        assert all(nice < 19 for nice in before.values())
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            pool.reload(scoring_args(second_model), timeout=1.0)
+            deadline = time.time() + 5
+            while any(seen.get(pid) != 19 for pid in old + [server]) and time.time() < deadline:
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            watcher.join()
+            for pid in old + [server]:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        assert seen == {pid: 19 for pid in old + [server]}
+        # (A crowded pool's engines run a little below the client: see
+        # low_priority_engines. The new ones are as the old ones were.)
+        assert [nice_of(pid) for pid in pool.engine_pids()] == [before[old[0]]] * 2
+        assert pool.predict(common(2), items(3000)) == truth[second_model][2]
+
+
+def test_the_asyncio_pool_warms_up_its_reloads_engines_and_retires_the_old_ones(
+        trained_model, second_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            assert await pool.predict(common(5), items(3000)) == truth[trained_model][5]
+            old = pool.engine_pids()
+            for pid in old:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                await pool.reload(scoring_args(second_model), timeout=1.0)
+                deadline = time.time() + 5
+                while any(nice_of(pid) != 19 for pid in old) and time.time() < deadline:
+                    await asyncio.sleep(0.01)
+                niced = [nice_of(pid) for pid in old]
+            finally:
+                for pid in old:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+            assert niced == [19, 19]
+            assert min(read_chars(pid) for pid in pool.engine_pids()) >= 2 * sample_bytes(5)
+            assert await pool.predict(common(0), items(3000)) == truth[second_model][0]
+
+    asyncio.run(main())
