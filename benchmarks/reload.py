@@ -1,7 +1,7 @@
 """What a model reload costs the calls around it, on a pool serving without pause.
 
 Run: ``python -m benchmarks.reload [--reloads N] [--size N] [--items N]
-[--timeout S] [--every S]``.
+[--timeout S] [--every S] [--deaths N]``.
 
 One thread calls a :class:`~subwabbit.pool.VowpalWabbitPool` without pause
 (the workload's requests in turn, ``--timeout`` each) while the main thread
@@ -11,10 +11,16 @@ of the calls that ran during a reload (the new model loading and its engines
 starting), and of the first four calls on each reload's new engines, and
 the fewest any first call got. Its figures are in the serving guide
 (``docs/serving.rst``, "Refreshing the model").
+
+With ``--deaths N`` it measures an engine's death instead: N times, with no
+call running, one engine is killed, and 200 ms later one call is made; it
+prints that call's predictions and those of the calls on the pool once it
+is whole again.
 """
 
 import argparse
 import os
+import signal
 import statistics
 import tempfile
 import threading
@@ -77,6 +83,28 @@ def measure(pool: VowpalWabbitPool, workload: Workload, args: List[str], reloads
             "reload_ms": statistics.mean((ended - began) * 1000 for began, ended in switches)}
 
 
+def deaths(pool: VowpalWabbitPool, workload: Workload, count: int,
+           timeout: float) -> Dict[str, Any]:
+    """Kill an idle engine ``count`` times; the call 200 ms later against
+    the calls once the pool is whole again."""
+    after, whole = [], []
+    for round_ in range(count):
+        replaced = pool.stats()["engines_replaced"]
+        os.kill(pool.engine_pids()[round_ % pool.size], signal.SIGKILL)
+        time.sleep(0.2)
+        index = round_ % len(workload)
+        after.append(len(pool.predict(workload.requests[index], workload.candidates[index],
+                                      timeout=timeout)))
+        deadline = time.perf_counter() + 30
+        while pool.stats()["engines_replaced"] <= replaced and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        for offset in range(1, 6):
+            index = (round_ + offset) % len(workload)
+            whole.append(len(pool.predict(workload.requests[index], workload.candidates[index],
+                                          timeout=timeout)))
+    return {"after": after, "whole": statistics.mean(whole)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reloads", type=int, default=10)
@@ -85,6 +113,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2, help="engines (default 2)")
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--timeout", type=float, default=0.010)
+    parser.add_argument("--deaths", type=int, default=0,
+                        help="measure this many engine deaths instead of reloads")
     options = parser.parse_args()
     if options.reloads < 1 or options.every <= 0 or options.size < 1:
         parser.error("--reloads and --size must be at least 1, --every above 0")
@@ -97,6 +127,15 @@ def main() -> None:
             for index in range(WARM_UP_CALLS):
                 pool.predict(workload.requests[index], workload.candidates[index],
                              timeout=options.timeout)
+            if options.deaths:
+                died = deaths(pool, workload, options.deaths, options.timeout)
+                print(f"pool of {options.size}, {options.items} items per call, timeout "
+                      f"{options.timeout * 1000:g} ms, {options.deaths} engines killed")
+                print(f"predictions of the call 200 ms after an engine died: "
+                      f"{statistics.mean(died['after']):,.0f} on average ("
+                      + ", ".join(map(str, died["after"]))
+                      + f"); calls once the pool was whole again: {died['whole']:,.0f}")
+                return
             result = measure(pool, workload, args, options.reloads, options.every,
                              options.timeout)
     print(f"pool of {options.size}, {options.items} items per call, timeout "

@@ -71,6 +71,9 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
+        #: the loop that started the engines (a fork server reports an
+        #: engine's exit to it from another thread)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._start_lock: Optional[asyncio.Lock] = None
         self._closing: Optional["asyncio.Future[None]"] = None
         self._closing_slots: List[Slot] = []
@@ -104,6 +107,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     async def _spawn(self, argv: List[str], count: int
                      ) -> "tuple[EngineGroup, List[EngineProcess]]":
+        self._loop = asyncio.get_running_loop()  # the loop that hears of engine exits
         group = self._new_group(argv)
         return group, await _in_executor(group, group.start, count)
 
@@ -191,6 +195,15 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     def _start_engine_later(self, generation: int) -> None:
         self._background(self._add_engine(generation))
+
+    def _engine_exited(self, pid: int) -> None:
+        loop = self._loop
+        if self._closed or loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._replace_if_dead_and_free, pid)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
 
     async def _add_engine(self, generation: int) -> None:
         group = self._groups.get(generation)
@@ -302,6 +315,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     def _after_fork_in_child(self) -> None:
         self._after_fork_in_child_base()
+        self._loop = None
         self._waiters = []
         self._tasks = set()
         self._start_lock = None

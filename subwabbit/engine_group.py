@@ -45,18 +45,23 @@ class EngineGroup:
         each engine predicts them before it is handed over (see
         :func:`~subwabbit.sync_driver.warm_up`), so that the first calls
         after a reload or a replacement are not slowed by a new engine
+    :param on_engine_exit: called with the pid of a forked engine that
+        ended, as soon as its fork server reports it (on the thread that
+        reads the server's messages: it must not block)
     """
 
     def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
                  outputs_per_line: int = 1, kind: Optional[PredictionKind] = None,
                  low_priority: bool = False,
-                 warm_up_lines: Optional[Callable[[], Optional[List[str]]]] = None) -> None:
+                 warm_up_lines: Optional[Callable[[], Optional[List[str]]]] = None,
+                 on_engine_exit: Optional[Callable[[int], None]] = None) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
         self.outputs_per_line = outputs_per_line
         self.kind = kind
         self.low_priority = low_priority
         self._warm_up_lines = warm_up_lines
+        self._on_engine_exit = on_engine_exit
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
 
@@ -79,6 +84,7 @@ class EngineGroup:
                             "each")
                 self._share = False
         if self.server is not None:
+            self.server.on_exit = self._on_engine_exit
             if self.low_priority:
                 lower_priority(self.server.pid)  # its forks inherit it
             forked: List[EngineProcess] = []

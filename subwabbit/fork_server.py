@@ -26,7 +26,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .command import default_engine_command
 from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
@@ -75,7 +75,7 @@ class ForkedProcess:
         """The exit status, once known (``None`` while it runs)."""
         if self.returncode is None:
             code = self._server.exit_status(self.pid)
-            if code is None and self._gone() and (self._server.died or self._server.stopped):
+            if code is None and (self._server.died or self._server.stopped) and self._gone():
                 # Ended, and the server will send no status any more (if it
                 # has not just before it ended): it died (unknown), or we
                 # stopped it and let the engine go on until its input closed
@@ -167,6 +167,9 @@ class ForkServer:
         self.closed = False
         #: stopped by :meth:`close` (or let go in a fork): no statuses come any more
         self.stopped = False
+        #: called with an engine's pid when its exit status arrives (on the
+        #: thread that reads the server's messages: it must not block)
+        self.on_exit: Optional[Callable[[int], None]] = None
         #: it ended without being asked: the statuses it had not sent are lost
         self.died = False
         ready = self._first_message(startup_timeout_s)
@@ -212,6 +215,11 @@ class ForkServer:
             if message.startswith(b"exit "):
                 _, pid, code = message.split()
                 self._exits[int(pid)] = int(code)
+                if self.on_exit is not None:
+                    try:
+                        self.on_exit(int(pid))
+                    except Exception:  # pylint: disable=broad-except
+                        logger.exception("reporting the exit of vw[%s]", pid.decode())
             else:
                 self._replies.put(message)
 

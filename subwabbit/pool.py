@@ -134,6 +134,11 @@ class VowpalWabbitPool(PoolBase):
         threading.Thread(target=self._add_engine, args=(generation,),
                          name="subwabbit-pool-replace", daemon=True).start()
 
+    def _engine_exited(self, pid: int) -> None:
+        if not self._closed:
+            threading.Thread(target=self._replace_if_dead_and_free, args=(pid,),
+                             name="subwabbit-pool-exit", daemon=True).start()
+
     def _add_engine(self, generation: int) -> None:
         """Start a replacement engine for ``generation`` (on a thread of its own)."""
         group = self._groups.get(generation)

@@ -485,7 +485,37 @@ class PoolBase(ClientBase):
         """The engines of one model, started with ``argv``."""
         return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
                            self._outputs_per_line, self._probe_kind, self.low_priority_engines,
-                           self._warm_up_lines)
+                           self._warm_up_lines, self._engine_exited)
+
+    def _engine_exited(self, pid: int) -> None:
+        """A fork server reported that its engine ``pid`` ended (called on
+        the thread that reads its messages, which must not block): the
+        driver runs :meth:`_replace_if_dead_and_free` on its side."""
+        raise NotImplementedError()
+
+    def _replace_if_dead_and_free(self, pid: int) -> None:
+        """Take engine ``pid`` out of service and start its replacement, if
+        it is in service, ended, and no call holds it (a call that holds it
+        finds it failed by itself). An engine that dies between calls is so
+        replaced at once, before a call can take it: found by a call, it
+        cost that call most of its predictions (its first batches went to
+        the dead engine, and the replacement started during the call)."""
+        if self._closed:
+            return
+        with self._state_lock():
+            dead = [slot for slot in self._roster.slots
+                    if slot.engine.pid == pid and not slot.held
+                    and slot.engine.returncode is not None and self._take_out_now(slot)]
+            if dead:
+                self._changed()
+        for slot in dead:
+            self._stop_failed(slot, self._exited_idle_error(slot), replacing=True)
+
+    def _exited_idle_error(self, slot: Slot) -> BaseException:
+        """The error of an engine that exited while no call used it (built
+        without the state lock: it may wait for the last lines of stderr)."""
+        return slot.engine.exited_error("the vw engine exited while no call used it",
+                                        deadline=_clock() + self._status_wait_s)
 
     def _warm_up_lines(self) -> Optional[List[str]]:
         """Lines a recent call sent and had answered, for new engines
@@ -574,7 +604,8 @@ class PoolBase(ClientBase):
                        deadline: Optional[float], start: float,
                        metrics: Optional[Dict[str, Any]]) -> Generator[Wait, None, Optional[int]]:
         """Take the call's first engines, waiting for one to be free until the
-        deadline (or ``io_timeout_s``); engines found stuck are replaced first.
+        deadline (or ``io_timeout_s``); free engines found dead or stuck are
+        replaced first.
 
         :returns: the generation that serves the call (``None``: the deadline
             passed first; the call was not counted in)
@@ -589,7 +620,7 @@ class PoolBase(ClientBase):
                 with self._state_lock():
                     if self._closed:
                         raise VowpalWabbitError(f"{type(self).__name__} is closed")
-                    stuck = self._take_out_stuck()
+                    stuck = self._take_out_unfit()
                     if not stuck:
                         generation = self._take_first(exchange, items)
                         if generation is not None:
@@ -605,6 +636,8 @@ class PoolBase(ClientBase):
                             raise self._no_engine_error(start)
                         version = roster.version
                 for slot, error in stuck:
+                    if error is None:
+                        error = self._exited_idle_error(slot)
                     self._stop_failed(slot, error, replacing=True)
                 if not stuck:
                     yield WaitForEngine(version, limit)
@@ -706,15 +739,23 @@ class PoolBase(ClientBase):
                 version = self._roster.version
             yield WaitForEngine(version, limit)
 
-    def _take_out_stuck(self) -> "List[tuple[Slot, BaseException]]":
-        """Free engines that owe answers and printed nothing for
-        ``io_timeout_s``, taken out of service (with the state lock held).
+    def _take_out_unfit(self) -> "List[tuple[Slot, Optional[BaseException]]]":
+        """Free engines that a call must not take, taken out of service (with
+        the state lock held): those that exited while no call used them
+        (their error is ``None``: the caller builds it, without the lock),
+        and those that owe answers and printed nothing for ``io_timeout_s``.
 
         Nobody reads a free engine's pipe, so what it printed meanwhile is
         read first (and discarded: it belongs to calls that ended); only an
         engine with nothing to read, or whose pipe failed, is stuck.
         """
-        found = []
+        found: "List[tuple[Slot, Optional[BaseException]]]" = []
+        for slot in list(self._roster.slots):
+            # A dead engine found here costs no call anything; found by a
+            # call, it cost that call most of its predictions (the call's
+            # first batches went to it, the replacement started meanwhile).
+            if not slot.held and slot.engine.returncode is not None and self._take_out_now(slot):
+                found.append((slot, None))
         for slot in self._roster.stuck(_clock(), self.io_timeout_s):
             error: BaseException
             try:

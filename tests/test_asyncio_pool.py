@@ -173,6 +173,51 @@ def test_a_killed_engine_is_replaced_and_training_is_refused(trained_model, trut
     run(main())
 
 
+def test_an_engine_that_died_idle_is_replaced_before_a_call_can_take_it(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            assert await pool.predict(common(1), items(3000)) == truth[trained_model][1]
+            victim, survivor = pool.engine_pids()
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.time() + 10
+            while os.path.exists(f"/proc/{victim}") and time.time() < deadline:
+                await asyncio.sleep(0.01)  # (its fork server reaps it)
+            await asyncio.sleep(0.05)  # and reports its exit status
+            metrics = {}
+            got = await pool.predict(common(2), items(3000), metrics=metrics)
+            assert got == truth[trained_model][2] and metrics["engine_failures"] == 0
+            assert pool.stats()["engine_failures"] == 1
+            deadline = time.time() + 30
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                await asyncio.sleep(0.01)
+            assert survivor in pool.engine_pids() and victim not in pool.engine_pids()
+            assert await pool.predict(common(3), items(3000)) == truth[trained_model][3]
+
+    run(main())
+
+
+def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            victim, survivor = pool.engine_pids()
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.time() + 30
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                await asyncio.sleep(0.01)
+            stats = pool.stats()
+            assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
+            assert stats["calls"] == 0
+            assert survivor in pool.engine_pids() and victim not in pool.engine_pids()
+            assert await pool.predict(common(3), items(3000)) == truth[trained_model][3]
+            await pool.reload(scoring_args(trained_model))
+            await asyncio.sleep(0.2)
+            assert pool.stats()["engine_failures"] == 1
+
+    run(main())
+
+
 def test_a_stopped_engine_is_replaced_after_io_timeout_s(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,

@@ -148,6 +148,13 @@ def test_the_reload_benchmark_prints_the_calls_around_its_reloads():
         in output, output
 
 
+def test_the_reload_benchmark_measures_engine_deaths_on_request():
+    output = run_module("benchmarks.reload", "--deaths", "2", "--items", "300", "--timeout", "1")
+    assert "pool of 2, 300 items per call, timeout 1000 ms, 2 engines killed" in output, output
+    assert ("predictions of the call 200 ms after an engine died: 300 on average (300, 300); "
+            "calls once the pool was whole again: 300") in output, output
+
+
 def test_idle_ramp_prints_each_place_with_the_engine_threads_statistics():
     # a 1 s timeout: every call returns its 300 items, however cold the engine
     output = run_module("benchmarks.idle_ramp", "--turns", "2", "--calls", "3", "--items", "300",

@@ -222,6 +222,49 @@ def test_a_killed_engine_is_replaced_and_calls_stay_exact(pool, trained_model, t
     assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_an_engine_that_died_idle_is_replaced_before_a_call_can_take_it(trained_model, truth,
+                                                                         share):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          share_weights=share) as pool:
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        victim, survivor = pool.engine_pids()
+        os.kill(victim, signal.SIGKILL)
+        assert process_gone(victim)
+        time.sleep(0.05)  # a forked engine's exit status comes from its fork server
+        metrics = {}
+        assert pool.predict(common(2), items(3000), metrics=metrics) == truth[trained_model][2]
+        # The call found it dead before taking engines: no failure of its own.
+        assert metrics["engine_failures"] == 0
+        assert pool.stats()["engine_failures"] == 1
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert survivor in pool.engine_pids() and victim not in pool.engine_pids()
+        assert len(pool.engine_pids()) == 2
+        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+
+
+def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):
+    # Its fork server reports its exit: the pool replaces it at once.
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        assert pool.shares_weights()
+        victim, survivor = pool.engine_pids()
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.time() + 30
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        stats = pool.stats()
+        assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
+        assert stats["calls"] == 0 and len(pool.engine_pids()) == 2
+        assert survivor in pool.engine_pids() and victim not in pool.engine_pids()
+        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+        # Engines ending because the pool reloads or closes are not failures.
+        pool.reload(scoring_args(trained_model))
+        time.sleep(0.2)
+        assert pool.stats()["engine_failures"] == 1
+
+
 def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         pids = pool.engine_pids()
