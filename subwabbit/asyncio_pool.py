@@ -207,7 +207,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     async def _add_engine(self, generation: int) -> None:
         group = self._groups.get(generation)
-        if group is None:
+        if group is None or self._closed:  # (closed since the replacement was due)
             return
         try:
             engine = await _in_executor(group, group.add_one)

@@ -27,6 +27,11 @@ logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
 
+#: The most a new engine's warm-up may plan to take: an engine of the
+#: benchmark's model needs about 2 ms for its 200 lines; one that is slow
+#: per line is warmed on the lines that fit.
+WARM_UP_BUDGET_S = 0.05
+
 
 class EngineGroup:
     """The engines of one model (one generation of a pool).
@@ -124,7 +129,7 @@ class EngineGroup:
         engine = server.fork_engine(self.startup_timeout_s)
         try:
             check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
-            self._warm_up(engine)
+            self._warm_up(engine, deadline)
         except BaseException:
             engine.abort()
             raise
@@ -133,21 +138,27 @@ class EngineGroup:
     def _start_copy(self) -> EngineProcess:
         """Start an engine that loads its own copy of the model, check that
         it answers, and warm it up."""
+        deadline = _clock() + self.startup_timeout_s
         engine = start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s, None,
                               self.kind)
         try:
-            self._warm_up(engine)
+            self._warm_up(engine, deadline)
         except BaseException:
             engine.abort()
             raise
         return engine
 
-    def _warm_up(self, engine: EngineProcess) -> None:
-        """Have a started engine predict lines a recent call sent, if any
-        (within the start-up timeout)."""
+    def _warm_up(self, engine: EngineProcess, deadline: float) -> None:
+        """Have a started engine predict lines a recent call sent, if any:
+        as many as fit in :data:`WARM_UP_BUDGET_S` at its pace, within what
+        is left of the start-up timeout (``deadline``)."""
         lines = self._warm_up_lines() if self._warm_up_lines is not None else None
         if lines and warm_up_lines_usable(lines) and self.outputs_per_line:
-            warm_up(engine, lines, self.outputs_per_line, _clock() + self.startup_timeout_s)
+            budget_end = min(deadline, _clock() + WARM_UP_BUDGET_S)
+            # A call keeps up to two batches in flight on an engine, which
+            # reads them at once: the warm-up grows to that, four times over.
+            warm_up(engine, lines, self.outputs_per_line, deadline, budget_end,
+                    rounds=4, largest_chunk=2 * len(lines))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server, if any (its engines are closed one by one)."""
@@ -164,7 +175,7 @@ class EngineGroup:
         :func:`~subwabbit.engine_process.retire_quietly`)."""
         server = self.server
         if server is not None:
-            lower_to_nice(server.pid, RETIRING_NICE, alive=lambda: server.engine.returncode is None)
+            lower_to_nice(server.pid, RETIRING_NICE, alive=server.engine.certainly_running)
         self.close(timeout_s)
 
     def abandon_in_fork(self) -> None:

@@ -235,6 +235,15 @@ class EngineProcess:
         """The engine's exit status, or ``None`` while it runs."""
         return self.proc.poll()
 
+    def certainly_running(self) -> bool:
+        """Whether the engine runs, so that its pid is still its own: a
+        forked engine (not this process's child) is also asked through its
+        pidfd, since its exit status comes later than its end."""
+        if self.proc.poll() is not None:
+            return False
+        has_ended = getattr(self.proc, "has_ended", None)
+        return has_ended is None or not has_ended()
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has run (or the engine was let go in a fork)."""
@@ -650,7 +659,7 @@ def retire_quietly(engine: EngineProcess, timeout: float) -> None:
     cores instead of 560 to 800 (``python -m benchmarks.reload``; steady
     calls about 2,900). Failures are logged and ignored.
     """
-    lower_to_nice(engine.pid, RETIRING_NICE, alive=lambda: engine.returncode is None)
+    lower_to_nice(engine.pid, RETIRING_NICE, alive=engine.certainly_running)
     close_quietly(engine, timeout)
 
 

@@ -75,7 +75,7 @@ class ForkedProcess:
         """The exit status, once known (``None`` while it runs)."""
         if self.returncode is None:
             code = self._server.exit_status(self.pid)
-            if code is None and (self._server.died or self._server.stopped) and self._gone():
+            if code is None and (self._server.died or self._server.stopped) and self.has_ended():
                 # Ended, and the server will send no status any more (if it
                 # has not just before it ended): it died (unknown), or we
                 # stopped it and let the engine go on until its input closed
@@ -88,7 +88,9 @@ class ForkedProcess:
                 self._close_pidfd()
         return self.returncode
 
-    def _gone(self) -> bool:
+    def has_ended(self) -> bool:
+        """Whether the engine has ended, its exit status known or not (through
+        its pidfd where the system has one: its pid may be another's then)."""
         if self._pidfd is not None:
             return bool(select.select([self._pidfd], [], [], 0)[0])
         try:

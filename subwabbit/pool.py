@@ -142,7 +142,7 @@ class VowpalWabbitPool(PoolBase):
     def _add_engine(self, generation: int) -> None:
         """Start a replacement engine for ``generation`` (on a thread of its own)."""
         group = self._groups.get(generation)
-        if group is None:
+        if group is None or self._closed:  # (closed since the replacement was due)
             return
         try:
             engine = group.add_one()

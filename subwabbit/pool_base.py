@@ -16,6 +16,7 @@ engines in the background.
 import logging
 import os
 import time
+import weakref
 from typing import (Any, ContextManager, Dict, Generator, Iterable, List, NamedTuple,
                     Optional, Sequence, Union)
 
@@ -483,9 +484,23 @@ class PoolBase(ClientBase):
 
     def _new_group(self, argv: List[str]) -> EngineGroup:
         """The engines of one model, started with ``argv``."""
+        # The group (and its fork server's reader thread) hold the pool only
+        # weakly: a pool dropped without close() is released, and its
+        # engines with it, as soon as nothing else refers to it.
+        pool = weakref.ref(self)
+
+        def warm_up_lines() -> Optional[List[str]]:
+            alive = pool()
+            return None if alive is None else alive._warm_up_lines()  # pylint: disable=protected-access
+
+        def engine_exited(pid: int) -> None:
+            alive = pool()
+            if alive is not None:
+                alive._engine_exited(pid)  # pylint: disable=protected-access
+
         return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
                            self._outputs_per_line, self._probe_kind, self.low_priority_engines,
-                           self._warm_up_lines, self._engine_exited)
+                           warm_up_lines, engine_exited)
 
     def _engine_exited(self, pid: int) -> None:
         """A fork server reported that its engine ``pid`` ended (called on

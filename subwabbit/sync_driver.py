@@ -108,16 +108,22 @@ def check_answers_probe(engine: EngineProcess, outputs_per_line: int, deadline: 
 
 
 def warm_up(engine: EngineProcess, lines: List[str], outputs_per_line: int,
-            deadline: float) -> None:
-    """Have a started engine predict ``lines`` (twice) and drop the
-    answers, so that its first calls do not pay for its first lines (see
-    :class:`~subwabbit.core.exchanges.WarmUpExchange`).
+            deadline: float, budget_end: Optional[float] = None, rounds: int = 2,
+            largest_chunk: int = 0) -> int:
+    """Have a started engine predict ``lines`` (``rounds`` times over, in
+    chunks growing to ``largest_chunk``, as long as they fit before
+    ``budget_end``) and drop the answers,
+    so that its first calls do not pay for its first lines (see
+    :class:`~subwabbit.core.exchanges.WarmUpExchange`). Nothing is left in
+    flight when it returns.
 
+    :returns: how many lines the engine answered
     :raises VowpalWabbitStartupError: when the engine fails on them or does
-        not answer them by ``deadline``
+        not answer a chunk by ``deadline``
     """
     channel = Channel(outputs_per_line)
-    exchange = WarmUpExchange(channel, channel.begin(), deadline, lines)
+    exchange = WarmUpExchange(channel, channel.begin(), deadline, lines, rounds,
+                              budget_end, largest_chunk)
     try:
         run(engine, exchange)
     except VowpalWabbitEngineExitedError as exc:
@@ -129,6 +135,7 @@ def warm_up(engine: EngineProcess, lines: List[str], outputs_per_line: int,
         raise engine.startup_error("the vw engine did not answer its warm-up lines (lines "
                                    "a recent call sent) within the start-up timeout",
                                    wait_for_exit=False)
+    return exchange.answered
 
 
 def await_input_consumed(engine: EngineProcess, deadline: float) -> None:

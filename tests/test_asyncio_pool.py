@@ -10,7 +10,7 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
-from conftest import CyclesLeft, DictFormatter, common, items, scoring_args
+from conftest import CyclesLeft, DictFormatter, common, items, process_gone, scoring_args
 
 
 def run(coroutine):
@@ -216,6 +216,18 @@ def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_
             assert pool.stats()["engine_failures"] == 1
 
     run(main())
+
+
+def test_a_pool_dropped_without_close_stops_its_engines(trained_model):
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+        await pool.start()
+        await pool.predict(common(1), items(300))
+        return pool.engine_pids() + [pool._groups[0].server.pid]  # pylint: disable=protected-access
+
+    with pytest.warns(ResourceWarning):
+        pids = run(main())
+    assert all(process_gone(pid, 5.0) for pid in pids)
 
 
 def test_a_stopped_engine_is_replaced_after_io_timeout_s(trained_model, truth):

@@ -265,6 +265,17 @@ def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_
         assert pool.stats()["engine_failures"] == 1
 
 
+def test_a_pool_dropped_without_close_stops_its_engines(trained_model):
+    # Nothing the pool started (its fork server's reader thread, its
+    # engine groups) may keep it alive.
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+    pool.predict(common(1), items(300))
+    pids = pool.engine_pids() + [pool._groups[0].server.pid]  # pylint: disable=protected-access
+    with pytest.warns(ResourceWarning):
+        del pool
+    assert all(process_gone(pid, 5.0) for pid in pids)
+
+
 def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         pids = pool.engine_pids()

@@ -229,3 +229,57 @@ def test_the_asyncio_pool_warms_up_its_reloads_engines_and_retires_the_old_ones(
             assert await pool.predict(common(0), items(3000)) == truth[second_model][0]
 
     asyncio.run(main())
+
+
+class Wide(DictFormatter):
+    """Items of 90 features each: with ``--interactions iiii`` about 10 ms per line."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        return "|i " + " ".join(f"f{item_features['id']}_{k}" for k in range(90))
+
+
+def test_an_engine_slow_per_line_warms_up_on_what_fits_and_starts_in_time():
+    # Warmed up on the last call's whole first batch (100 lines, 1 s), a
+    # reload took longer than the start-up timeout and failed.
+    args = ["--interactions", "iiii", "-t", "--quiet"]
+    with VowpalWabbitPool(Wide(), args, size=2, startup_timeout_s=1.5) as pool:
+        got = pool.predict(common(1), items(3000), timeout=1.4)
+        assert 0 < len(got) < 3000
+        began = time.perf_counter()
+        pool.reload(args)
+        assert time.perf_counter() - began < 1.0
+        # Something was warmed up, and nothing was left in flight: the
+        # next call's answers are its own.
+        assert all(read_chars(pid) > 100 for pid in pool.engine_pids())
+        assert pool.predict(common(1), items(20)) == got[:20]
+        victim = pool.engine_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.time() + 10
+        while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["engines_replaced"] == 1 and len(pool.engine_pids()) == 2
+        assert pool.predict(common(1), items(20)) == got[:20]
+
+
+def test_the_warm_up_sends_growing_chunks_while_they_fit_in_its_budget():
+    lines = [f"|a x{index}" for index in range(100)]
+    channel = Channel(1)
+    call = channel.begin()
+    exchange = WarmUpExchange(channel, call, 100.0, lines, rounds=2, budget_end=0.1)
+    sizes = []
+    now = 0.0
+
+    def write(view):
+        sizes.append(bytes(view).count(b"\n"))
+        return len(view)
+
+    while not exchange.done:
+        exchange.step(now)
+        if channel.unwritten_bytes:
+            channel.write_with(write)
+        now += 0.001 * call.owed_lines  # 1 ms per line
+        channel.receive(b"0.5\n" * call.owed_lines)
+    # 4 lines took 4 ms, then 8, 16 and 32 more (60 ms in all); 64 more would
+    # end at 124 ms, after the budget.
+    assert sizes == [4, 8, 16, 32] and exchange.answered == 60
+    assert not exchange.timed_out and call.owed_lines == 0

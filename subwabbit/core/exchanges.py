@@ -510,8 +510,8 @@ class ProbeExchange(Exchange):
 
 
 class WarmUpExchange(Exchange):
-    """Have a new engine predict lines that a recent call sent, ``rounds``
-    times, one round at a time, and drop the answers.
+    """Have a new engine predict lines that a recent call sent, and drop
+    the answers.
 
     A new engine is slow on its first lines: a forked engine of a pool took
     3.5 ms for its first 200 lines of the benchmark's workload, 1.7 ms for
@@ -519,33 +519,73 @@ class WarmUpExchange(Exchange):
     page faults (its example pool and buffers growing) against 12. Warmed
     before it serves, it costs no call that time.
 
+    The lines go in chunks of growing size (:data:`WARM_UP_FIRST_CHUNK`
+    lines, then twice as many each time, up to ``largest_chunk``: as many
+    as a call keeps in flight on an engine, which reads and parses them at
+    once), each once the previous one is answered, taking ``lines`` over
+    again until ``rounds`` times their number were sent. A chunk is sent only if,
+    at the pace of the chunks before it, it is answered before
+    ``budget_end``: an engine that is slow per line (a model with many
+    features or interactions) is warmed on a few lines only, and a
+    warm-up never leaves lines in flight when it ends.
+
     :param lines: formatted single-line examples (each starting with ``|``:
         no label, so that no engine learns from them)
-    :param rounds: how many times the lines are sent, each once the
-        previous answers are in
-    :param deadline: give up at this time (hard)
+    :param rounds: how many times the lines are sent in all
+    :param largest_chunk: the most lines sent at once (0: as many as
+        ``lines``)
+    :param deadline: the hard deadline: when a chunk is not answered by
+        then, the exchange ends :attr:`timed_out` (the engine is stuck)
+    :param budget_end: no chunk is sent that would end after this (a clock
+        value; ``None``: no such limit)
     :raises ValueError: when a line is not an unlabelled single-line example
     """
 
     doing = "warming up"
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
-                 lines: List[str], rounds: int = 2) -> None:
+                 lines: List[str], rounds: int = 2,
+                 budget_end: Optional[float] = None, largest_chunk: int = 0) -> None:
         super().__init__(channel, call, deadline, None, hard_deadline=True)
         if not warm_up_lines_usable(lines):
             raise ValueError("warm-up lines must be unlabelled single-line examples")
         self._lines = lines
-        self._rounds_left = rounds
+        self._left = rounds * len(lines)
+        self._budget_end = budget_end
+        self._next = 0  # where in ``lines`` the next chunk starts
+        self._largest = largest_chunk or len(lines)
+        self._chunk = min(WARM_UP_FIRST_CHUNK, self._largest)
+        self._sent_at: Optional[float] = None
+        self._seconds_per_line: Optional[float] = None
+        #: example lines the engine answered
+        self.answered = 0
 
     def _advance(self, now: float) -> List[Any]:
-        self.call.take_answers()
-        if self._rounds_left and self.call.owed_lines == 0:
-            self.call.queue_lines(self._lines)
-            self._rounds_left -= 1
+        self.answered += len(self.call.take_answers())
+        if self.call.owed_lines or not self._left:
+            return []
+        if self._sent_at is not None:  # the last chunk is answered: its pace
+            self._seconds_per_line = (now - self._sent_at) / self._chunk
+            self._chunk = min(2 * self._chunk, self._largest)
+        size = min(self._chunk, self._left)
+        if (self._budget_end is not None and self._seconds_per_line is not None
+                and now + size * self._seconds_per_line > self._budget_end):
+            self._left = 0  # the next chunk would not fit: warm enough
+            return []
+        chunk = [self._lines[(self._next + offset) % len(self._lines)] for offset in range(size)]
+        self._next = (self._next + size) % len(self._lines)
+        self._chunk = size
+        self._left -= size
+        self._sent_at = now
+        self.call.queue_lines(chunk)
         return []
 
     def _finished(self) -> bool:
-        return self._rounds_left == 0 and super()._finished()
+        return self._left == 0 and super()._finished()
+
+
+#: The size of a warm-up's first chunk of lines (see :class:`WarmUpExchange`).
+WARM_UP_FIRST_CHUNK = 4
 
 
 def warm_up_lines_usable(lines: List[str]) -> bool:
