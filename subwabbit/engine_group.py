@@ -151,14 +151,16 @@ class EngineGroup:
     def _warm_up(self, engine: EngineProcess, deadline: float) -> None:
         """Have a started engine predict lines a recent call sent, if any:
         as many as fit in :data:`WARM_UP_BUDGET_S` at its pace, within what
-        is left of the start-up timeout (``deadline``)."""
+        is left of the start-up timeout (``deadline``). The engine is then
+        served on the channel the warm-up leaves on it
+        (:attr:`EngineProcess.warm_channel`)."""
         lines = self._warm_up_lines() if self._warm_up_lines is not None else None
         if lines and warm_up_lines_usable(lines) and self.outputs_per_line:
             budget_end = min(deadline, _clock() + WARM_UP_BUDGET_S)
             # A call keeps up to two batches in flight on an engine, which
             # reads them at once: the warm-up grows to that, four times over.
-            warm_up(engine, lines, self.outputs_per_line, deadline, budget_end,
-                    rounds=4, largest_chunk=2 * len(lines))
+            engine.warm_channel = warm_up(engine, lines, self.outputs_per_line, deadline,
+                                          budget_end, rounds=4, largest_chunk=2 * len(lines))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server, if any (its engines are closed one by one)."""

@@ -217,6 +217,10 @@ class EngineProcess:
             name=f"subwabbit-vw{self.pid}-stderr", daemon=True)
         self._stderr_thread.start()
         self._stdout_thread: Optional[threading.Thread] = None
+        #: the channel a warm-up left, for the pool to serve the engine on
+        #: (it may owe the answers to warm-up lines to no call: see
+        #: :func:`~subwabbit.sync_driver.warm_up`); ``None``: a new one
+        self.warm_channel: Optional[Any] = None
         logger.info("started vw[%d]: %s", self.pid, " ".join(self.argv))
 
     def drain_stdout_in_background(self) -> None:

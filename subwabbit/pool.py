@@ -111,7 +111,7 @@ class VowpalWabbitPool(PoolBase):
         group, engines = self._spawn(self.argv, self.size)
         self._groups[0] = group
         for engine in engines:
-            self._roster.add(engine, 0, self._new_channel())
+            self._roster.add(engine, 0, self._channel_for(engine))
 
     # ------------------------------------------------- the driver's part
 

@@ -22,6 +22,7 @@ from typing import (Any, ContextManager, Dict, Generator, Iterable, List, NamedT
 
 from .client import ClientBase, MetricsHook, ReloadPlan
 from .command import VwArgs
+from .core.channel import Channel
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
@@ -444,7 +445,7 @@ class PoolBase(ClientBase):
         old_groups = list(self._groups.values())
         self._groups = {generation: group}
         for engine in engines:
-            self._roster.add(engine, generation, self._new_channel())
+            self._roster.add(engine, generation, self._channel_for(engine))
         self._counters["reloads"] += 1
         return self._roster.switch(generation), old_groups
 
@@ -531,6 +532,12 @@ class PoolBase(ClientBase):
         without the state lock: it may wait for the last lines of stderr)."""
         return slot.engine.exited_error("the vw engine exited while no call used it",
                                         deadline=_clock() + self._status_wait_s)
+
+    def _channel_for(self, engine: EngineProcess) -> Channel:
+        """The channel a started engine serves on: the one its warm-up left
+        (answers it owes to no call are discarded as they come), or a new one."""
+        channel, engine.warm_channel = engine.warm_channel, None
+        return channel if channel is not None else self._new_channel()
 
     def _warm_up_lines(self) -> Optional[List[str]]:
         """Lines a recent call sent and had answered, for new engines
@@ -829,7 +836,7 @@ class PoolBase(ClientBase):
             self._discard(engines, group)
             return False
         for engine in engines:
-            self._roster.add(engine, generation, self._new_channel())
+            self._roster.add(engine, generation, self._channel_for(engine))
         if replacing:
             self._counters["engines_replaced"] += len(engines)
         self._changed()
@@ -851,6 +858,13 @@ class PoolBase(ClientBase):
     def _release(self) -> None:
         if self._closed:
             return
+        # Closed first: the engines it lets go exit, their fork server says
+        # so, and that must not start replacements (the pool is still
+        # reachable through its weak references while __del__ runs).
+        self._closed = True
+        for group in self._groups.values():
+            if group.server is not None:
+                group.server.on_exit = None
         engines = [slot.engine for slot in self._roster.slots]
         engines += [group.server.engine for group in self._groups.values()
                     if group.server is not None]

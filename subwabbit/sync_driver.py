@@ -5,6 +5,7 @@ It moves bytes and waits; every decision (what to send, whose an answer is,
 when a call is over) is the core's.
 """
 
+import logging
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -15,6 +16,8 @@ from .engine_process import EngineProcess
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
 from .transfer import check_probe_result, pump, startup_probe
+
+logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
 
@@ -109,33 +112,35 @@ def check_answers_probe(engine: EngineProcess, outputs_per_line: int, deadline: 
 
 def warm_up(engine: EngineProcess, lines: List[str], outputs_per_line: int,
             deadline: float, budget_end: Optional[float] = None, rounds: int = 2,
-            largest_chunk: int = 0) -> int:
+            largest_chunk: int = 0) -> Channel:
     """Have a started engine predict ``lines`` (``rounds`` times over, in
     chunks growing to ``largest_chunk``, as long as they fit before
-    ``budget_end``) and drop the answers,
-    so that its first calls do not pay for its first lines (see
-    :class:`~subwabbit.core.exchanges.WarmUpExchange`). Nothing is left in
-    flight when it returns.
+    ``budget_end``) and drop the answers, so that its first calls do not pay
+    for its first lines (see
+    :class:`~subwabbit.core.exchanges.WarmUpExchange`).
 
-    :returns: how many lines the engine answered
-    :raises VowpalWabbitStartupError: when the engine fails on them or does
-        not answer a chunk by ``deadline``
+    :returns: the channel to serve the engine on: a chunk still unanswered
+        at ``deadline`` is owed to no call on it, so that its answers are
+        discarded when they come (an engine slow per line is not failed for
+        its warm-up)
+    :raises VowpalWabbitStartupError: when the engine exits or prints what
+        its lines do not call for
     """
     channel = Channel(outputs_per_line)
     exchange = WarmUpExchange(channel, channel.begin(), deadline, lines, rounds,
                               budget_end, largest_chunk)
     try:
-        run(engine, exchange)
+        run(engine, exchange)  # (ends the exchange's call: what it is owed is stale)
     except VowpalWabbitEngineExitedError as exc:
         raise engine.exited_at_startup() from exc
     except VowpalWabbitProtocolError as exc:
         raise engine.startup_error(f"the vw engine's answers to its warm-up lines: {exc.message}",
                                    wait_for_exit=False) from exc
     if exchange.timed_out:
-        raise engine.startup_error("the vw engine did not answer its warm-up lines (lines "
-                                   "a recent call sent) within the start-up timeout",
-                                   wait_for_exit=False)
-    return exchange.answered
+        logger.info("vw[%d] had not answered its warm-up lines by the start-up timeout: "
+                    "it serves with %d of them left to answer", engine.pid,
+                    channel.stale_lines)
+    return channel
 
 
 def await_input_consumed(engine: EngineProcess, deadline: float) -> None:

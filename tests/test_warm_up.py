@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
+from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool, VowpalWabbitProcess
 from subwabbit.core.channel import Channel
 from subwabbit.core.exchanges import WarmUpExchange, warm_up_lines_usable
 
@@ -48,7 +48,7 @@ def sample_bytes(user):
 # ------------------------------------------------------------------ the core
 
 
-def test_the_warm_up_sends_each_round_once_the_last_is_answered_and_drops_the_answers():
+def test_the_warm_up_sends_each_chunk_once_the_last_is_answered_and_drops_the_answers():
     channel = Channel(1)
     call = channel.begin()
     exchange = WarmUpExchange(channel, call, None, ["|a x", "|a y"], rounds=2)
@@ -60,19 +60,30 @@ def test_the_warm_up_sends_each_round_once_the_last_is_answered_and_drops_the_an
 
     assert exchange.step(0.0) == []
     channel.write_with(write)
-    assert sent == [b"|a x\n|a y\n"] and not exchange.done
-    exchange.step(0.1)  # nothing answered yet: no second round
-    assert channel.unwritten_bytes == 0 and call.owed_lines == 2
+    assert sent == [b"|a x\n"] and not exchange.done
+    exchange.step(0.1)  # nothing answered yet: no second chunk
+    assert channel.unwritten_bytes == 0 and call.owed_lines == 1
     channel.receive(b"0.5\n")
     exchange.step(0.2)
-    assert channel.unwritten_bytes == 0 and not exchange.done
+    channel.write_with(write)
+    assert sent[-1] == b"|a y\n|a x\n" and not exchange.done
     channel.receive(b"0.25\n")
     exchange.step(0.3)
+    assert channel.unwritten_bytes == 0 and not exchange.done
+    channel.receive(b"0.5\n")
+    exchange.step(0.4)
     channel.write_with(write)
-    assert sent[-1] == b"|a x\n|a y\n" and not exchange.done
-    channel.receive(b"0.5\n0.25\n")
-    assert exchange.step(0.4) == [] and exchange.done and not exchange.timed_out
-    assert call.answers == []
+    assert sent[-1] == b"|a y\n" and not exchange.done
+    channel.receive(b"0.25\n")
+    assert exchange.step(0.5) == [] and exchange.done and not exchange.timed_out
+    assert call.answers == [] and exchange.answered == 4
+
+
+def test_a_warm_up_whose_budget_has_passed_sends_nothing():
+    channel = Channel(1)
+    exchange = WarmUpExchange(channel, channel.begin(), 10.0, ["|a x"], budget_end=1.0)
+    exchange.step(1.0)
+    assert exchange.done and not exchange.timed_out and channel.unwritten_bytes == 0
 
 
 def test_the_warm_up_ends_at_its_deadline():
@@ -279,7 +290,38 @@ def test_the_warm_up_sends_growing_chunks_while_they_fit_in_its_budget():
             channel.write_with(write)
         now += 0.001 * call.owed_lines  # 1 ms per line
         channel.receive(b"0.5\n" * call.owed_lines)
-    # 4 lines took 4 ms, then 8, 16 and 32 more (60 ms in all); 64 more would
-    # end at 124 ms, after the budget.
-    assert sizes == [4, 8, 16, 32] and exchange.answered == 60
+    # 1 line took 1 ms, then 2, 4, 8, 16 and 32 more (63 ms in all); 64 more
+    # would end at 127 ms, after the budget.
+    assert sizes == [1, 2, 4, 8, 16, 32] and exchange.answered == 63
     assert not exchange.timed_out and call.owed_lines == 0
+
+
+class HeavyFirst(DictFormatter):
+    """Items 0-1 have 250 features (with ``--interactions iiii``, about a
+    second a line), the others 8."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        count = 250 if item_features["id"] < 2 else 8
+        return "|i " + " ".join(f"f{item_features['id']}_{k}" for k in range(count))
+
+
+def test_a_warm_up_cut_by_the_start_up_timeout_leaves_its_answers_to_no_call(tmp_path):
+    # The first warm-up line takes longer than the start-up timeout leaves:
+    # the engine serves with that line's answer owed to no call, and the
+    # first call's answers are its own.
+    model = str(tmp_path / "slow.vw")
+    with VowpalWabbitProcess(HeavyFirst(), ["--interactions", "iiii", "-f", model, "--quiet"],
+                             write_only=True) as trainer:
+        trainer.train(common(0), items(40)[2:], [1 if k % 3 else -1 for k in range(38)],
+                      [None] * 38)
+    args = ["-i", model, "-t", "--quiet"]
+    with VowpalWabbitPool(HeavyFirst(), args, size=2) as fresh:
+        expected = fresh.predict(common(0), items(40)[2:])
+    assert len(set(expected)) > 10
+    with VowpalWabbitPool(HeavyFirst(), args, size=2, startup_timeout_s=0.5) as pool:
+        pool.predict(common(0), items(3))  # its first batch: 2 heavy lines first
+        began = time.perf_counter()
+        pool.reload(args)
+        assert time.perf_counter() - began < 2.0
+        assert any(slot.channel.stale_lines for slot in pool._roster.slots)  # pylint: disable=protected-access
+        assert pool.predict(common(0), items(40)[2:]) == expected

@@ -520,22 +520,24 @@ class WarmUpExchange(Exchange):
     before it serves, it costs no call that time.
 
     The lines go in chunks of growing size (:data:`WARM_UP_FIRST_CHUNK`
-    lines, then twice as many each time, up to ``largest_chunk``: as many
+    line, then twice as many each time, up to ``largest_chunk``: as many
     as a call keeps in flight on an engine, which reads and parses them at
     once), each once the previous one is answered, taking ``lines`` over
     again until ``rounds`` times their number were sent. A chunk is sent only if,
-    at the pace of the chunks before it, it is answered before
-    ``budget_end``: an engine that is slow per line (a model with many
-    features or interactions) is warmed on a few lines only, and a
-    warm-up never leaves lines in flight when it ends.
+    at the pace of the chunk before it, it is answered before
+    ``budget_end`` (none once that has passed): an engine that is slow per
+    line (a model with many features or interactions) is warmed on a few
+    lines only. Only a chunk still unanswered at the hard ``deadline`` is
+    left in flight: the exchange then ends :attr:`timed_out`, and its
+    channel owes those answers to no call (they are discarded as they
+    arrive, whoever serves on the channel next).
 
     :param lines: formatted single-line examples (each starting with ``|``:
         no label, so that no engine learns from them)
     :param rounds: how many times the lines are sent in all
     :param largest_chunk: the most lines sent at once (0: as many as
         ``lines``)
-    :param deadline: the hard deadline: when a chunk is not answered by
-        then, the exchange ends :attr:`timed_out` (the engine is stuck)
+    :param deadline: the hard deadline (see above)
     :param budget_end: no chunk is sent that would end after this (a clock
         value; ``None``: no such limit)
     :raises ValueError: when a line is not an unlabelled single-line example
@@ -557,7 +559,7 @@ class WarmUpExchange(Exchange):
         self._chunk = min(WARM_UP_FIRST_CHUNK, self._largest)
         self._sent_at: Optional[float] = None
         self._seconds_per_line: Optional[float] = None
-        #: example lines the engine answered
+        #: answer lines the engine printed
         self.answered = 0
 
     def _advance(self, now: float) -> List[Any]:
@@ -568,8 +570,10 @@ class WarmUpExchange(Exchange):
             self._seconds_per_line = (now - self._sent_at) / self._chunk
             self._chunk = min(2 * self._chunk, self._largest)
         size = min(self._chunk, self._left)
-        if (self._budget_end is not None and self._seconds_per_line is not None
-                and now + size * self._seconds_per_line > self._budget_end):
+        if self._budget_end is not None and (
+                now >= self._budget_end or (self._seconds_per_line is not None
+                                            and now + size * self._seconds_per_line
+                                            > self._budget_end)):
             self._left = 0  # the next chunk would not fit: warm enough
             return []
         chunk = [self._lines[(self._next + offset) % len(self._lines)] for offset in range(size)]
@@ -584,8 +588,9 @@ class WarmUpExchange(Exchange):
         return self._left == 0 and super()._finished()
 
 
-#: The size of a warm-up's first chunk of lines (see :class:`WarmUpExchange`).
-WARM_UP_FIRST_CHUNK = 4
+#: The size of a warm-up's first chunk of lines (see :class:`WarmUpExchange`):
+#: one, whose time says whether more fit.
+WARM_UP_FIRST_CHUNK = 1
 
 
 def warm_up_lines_usable(lines: List[str]) -> bool:
