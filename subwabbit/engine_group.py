@@ -27,9 +27,9 @@ logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
 
-#: The most a new engine's warm-up may plan to take: an engine of the
-#: benchmark's model needs about 2 ms for its 200 lines; one that is slow
-#: per line is warmed on the lines that fit.
+#: The most a new engine's warm-up may plan to take: a new engine of the
+#: benchmark's model took 7 to 11 ms for its 400 lines (first uses
+#: included); one that is slow per line is warmed on the lines that fit.
 WARM_UP_BUDGET_S = 0.05
 
 
