@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 
 from .core.exchanges import warm_up_lines_usable
 from .core.kinds import PredictionKind
-from .engine_process import RETIRING_NICE, EngineProcess, lower_to_nice, threads_of
+from .engine_process import EngineProcess, lower_for_exit, threads_of
 from .errors import VowpalWabbitError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
 from .sync_driver import check_answers_probe, start_engine, warm_up
@@ -175,9 +175,8 @@ class EngineGroup:
         """Stop the fork server of a model no longer served, at the lowest
         CPU priority (it frees the model on its way out: see
         :func:`~subwabbit.engine_process.retire_quietly`)."""
-        server = self.server
-        if server is not None:
-            lower_to_nice(server.pid, RETIRING_NICE, alive=server.engine.certainly_running)
+        if self.server is not None:
+            lower_for_exit(self.server.engine)
         self.close(timeout_s)
 
     def abandon_in_fork(self) -> None:

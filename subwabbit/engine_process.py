@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence
 
 try:  # POSIX only; `import subwabbit` must still work elsewhere
     import fcntl
@@ -31,6 +31,9 @@ except ImportError:  # pragma: no cover - not on Linux
 
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError,
                      describe_returncode)
+
+if TYPE_CHECKING:  # for the annotation of warm_channel only
+    from .core.channel import Channel
 
 logger = logging.getLogger("subwabbit.engine")
 
@@ -220,7 +223,7 @@ class EngineProcess:
         #: the channel a warm-up left, for the pool to serve the engine on
         #: (it may owe the answers to warm-up lines to no call: see
         #: :func:`~subwabbit.sync_driver.warm_up`); ``None``: a new one
-        self.warm_channel: Optional[Any] = None
+        self.warm_channel: Optional["Channel"] = None
         logger.info("started vw[%d]: %s", self.pid, " ".join(self.argv))
 
     def drain_stdout_in_background(self) -> None:
@@ -663,11 +666,17 @@ def retire_quietly(engine: EngineProcess, timeout: float) -> None:
     cores instead of 560 to 800 (``python -m benchmarks.reload``; steady
     calls about 2,900). Failures are logged and ignored.
     """
-    lower_to_nice(engine.pid, RETIRING_NICE, alive=engine.certainly_running)
+    lower_for_exit(engine)
     close_quietly(engine, timeout)
 
 
-def lower_to_nice(pid: int, nice: int, alive: Any = None) -> None:
+def lower_for_exit(engine: EngineProcess) -> None:
+    """Lower a running engine (or fork server) that is about to be closed to
+    :data:`RETIRING_NICE` (see :func:`retire_quietly`)."""
+    lower_to_nice(engine.pid, RETIRING_NICE, alive=engine.certainly_running)
+
+
+def lower_to_nice(pid: int, nice: int, alive: Optional[Callable[[], bool]] = None) -> None:
     """Lower every thread of process ``pid`` to ``nice`` (a process may
     always lower its own children; raising them back needs privileges).
 

@@ -519,13 +519,21 @@ class PoolBase(ClientBase):
         if self._closed:
             return
         with self._state_lock():
-            dead = [slot for slot in self._roster.slots
-                    if slot.engine.pid == pid and not slot.held
-                    and slot.engine.returncode is not None and self._take_out_now(slot)]
+            dead = self._take_out_dead_now(pid)
             if dead:
                 self._changed()
         for slot in dead:
             self._stop_failed(slot, self._exited_idle_error(slot), replacing=True)
+
+    def _take_out_dead_now(self, pid: Optional[int] = None) -> List[Slot]:
+        """Take out of service the free engines (of process ``pid``, if
+        given) that have ended (with the state lock held).
+
+        :returns: those that were in service (a replacement is due)
+        """
+        return [slot for slot in list(self._roster.slots)
+                if (pid is None or slot.engine.pid == pid) and not slot.held
+                and slot.engine.returncode is not None and self._take_out_now(slot)]
 
     def _exited_idle_error(self, slot: Slot) -> BaseException:
         """The error of an engine that exited while no call used it (built
@@ -771,13 +779,11 @@ class PoolBase(ClientBase):
         read first (and discarded: it belongs to calls that ended); only an
         engine with nothing to read, or whose pipe failed, is stuck.
         """
-        found: "List[tuple[Slot, Optional[BaseException]]]" = []
-        for slot in list(self._roster.slots):
-            # A dead engine found here costs no call anything; found by a
-            # call, it cost that call most of its predictions (the call's
-            # first batches went to it, the replacement started meanwhile).
-            if not slot.held and slot.engine.returncode is not None and self._take_out_now(slot):
-                found.append((slot, None))
+        # A dead engine found here costs no call anything; found by a call,
+        # it cost that call most of its predictions (the call's first batches
+        # went to it, the replacement started meanwhile).
+        found: "List[tuple[Slot, Optional[BaseException]]]" = [
+            (slot, None) for slot in self._take_out_dead_now()]
         for slot in self._roster.stuck(_clock(), self.io_timeout_s):
             error: BaseException
             try:
