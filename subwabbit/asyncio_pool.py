@@ -231,9 +231,12 @@ class AsyncVowpalWabbitPool(PoolBase):
             wait = next(flow)
             while True:
                 if type(wait) is WaitForPipes:  # pylint: disable=unidiomatic-typecheck
-                    await wait_for_engines([(lane.key.engine, lane.channel.unwritten_bytes > 0)
-                                            for lane in wait.lanes], wait.until)
-                elif type(wait) is WaitForEngine:  # pylint: disable=unidiomatic-typecheck
+                    readable = await wait_for_engines(
+                        [(lane.key.engine, lane.channel.unwritten_bytes > 0)
+                         for lane in wait.lanes], wait.until)
+                    wait = flow.send(readable)
+                    continue
+                if type(wait) is WaitForEngine:  # pylint: disable=unidiomatic-typecheck
                     if self._roster.version == wait.version:
                         await self._wait_for_change(wait.until)
                 else:  # GiveTheLoopATurn

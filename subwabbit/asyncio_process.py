@@ -878,24 +878,34 @@ async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[fl
 
 
 async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
-                           until: Optional[float]) -> None:
+                           until: Optional[float]) -> Optional[List[int]]:
     """Wait with the event loop until the stdout of one of ``engines`` is
     readable or its stdin writable (for those paired with ``True``), or until
-    ``until`` (a :func:`time.perf_counter` value)."""
+    ``until`` (a :func:`time.perf_counter` value).
+
+    :returns: the stdout descriptors that the loop found readable (output,
+        or its end), or ``None`` when it was not asked (``until`` was too
+        close for the loop to sleep: it only yielded once)
+    """
     loop = asyncio.get_running_loop()
     remaining = None if until is None else until - _clock()
     if remaining is not None and remaining <= _LOOP_TIMER_SLACK_S:
         # The loop cannot sleep this precisely: yield once and look again.
         await asyncio.sleep(0)
-        return
+        return None
     ready: "asyncio.Future[None]" = loop.create_future()
+    readable: List[int] = []
 
     def wake() -> None:
         if not ready.done():
             ready.set_result(None)
 
+    def wake_to_read(fd: int) -> None:
+        readable.append(fd)
+        wake()
+
     for engine, write in engines:
-        loop.add_reader(engine.stdout_fd, wake)
+        loop.add_reader(engine.stdout_fd, wake_to_read, engine.stdout_fd)
         if write:
             loop.add_writer(engine.stdin_fd, wake)
     timer = None if remaining is None else loop.call_later(remaining - _LOOP_TIMER_SLACK_S, wake)
@@ -908,3 +918,4 @@ async def wait_for_engines(engines: Sequence[Tuple[EngineProcess, bool]],
             loop.remove_reader(engine.stdout_fd)
             if write:
                 loop.remove_writer(engine.stdin_fd)
+    return readable

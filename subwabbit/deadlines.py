@@ -32,7 +32,8 @@ def validate_seconds(value: Optional[float], name: str, allow_none: bool = True)
         if allow_none:
             return None
         raise ValueError(f"{name} must be a number of seconds, not None")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (  # (a float needs no check against the ABC: a call's cost)
+            isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
     try:
         value = float(value)

@@ -14,7 +14,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from .core.exchanges import warm_up_lines_usable
 from .core.kinds import PredictionKind
@@ -58,7 +58,7 @@ class EngineGroup:
     def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
                  outputs_per_line: int = 1, kind: Optional[PredictionKind] = None,
                  low_priority: bool = False,
-                 warm_up_lines: Optional[Callable[[], Optional[List[str]]]] = None,
+                 warm_up_lines: Optional[Callable[[], Optional[Sequence[str]]]] = None,
                  on_engine_exit: Optional[Callable[[int], None]] = None) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
@@ -154,7 +154,8 @@ class EngineGroup:
         is left of the start-up timeout (``deadline``). The engine is then
         served on the channel the warm-up leaves on it
         (:attr:`EngineProcess.warm_channel`)."""
-        lines = self._warm_up_lines() if self._warm_up_lines is not None else None
+        recent = self._warm_up_lines() if self._warm_up_lines is not None else None
+        lines = list(recent) if recent else []  # (a call's lines may be kept as their parts)
         if lines and warm_up_lines_usable(lines) and self.outputs_per_line:
             budget_end = min(deadline, _clock() + WARM_UP_BUDGET_S)
             # A call keeps up to two batches in flight on an engine, which

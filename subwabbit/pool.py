@@ -190,8 +190,9 @@ class VowpalWabbitPool(PoolBase):
             wait = next(flow)
             while True:
                 if type(wait) is WaitForPipes:  # pylint: disable=unidiomatic-typecheck
-                    _wait_for_lanes(wait.lanes, wait.until)
-                elif type(wait) is WaitForEngine:  # pylint: disable=unidiomatic-typecheck
+                    wait = flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                    continue
+                if type(wait) is WaitForEngine:  # pylint: disable=unidiomatic-typecheck
                     self._wait_for_change(wait.version, wait.until)
                 elif self._roster.calls + self._roster.waiting > 1:
                     # A turn to give: the other calls (running, or waiting for
@@ -336,19 +337,26 @@ def _retire_all(engines: List[EngineProcess], timeout: float) -> None:
         retire_quietly(engine, timeout)
 
 
-def _wait_for_lanes(lanes: List[Lane], until: Optional[float]) -> None:
+def _wait_for_lanes(lanes: List[Lane], until: Optional[float]) -> List[int]:
     """Sleep until an engine of ``lanes`` printed something or can take more
-    input (when it has some waiting), or until ``until``."""
+    input (when it has some waiting), or until ``until``.
+
+    :returns: the stdout descriptors that are readable (output, or its end)
+    """
     readers = [lane.key.engine.stdout_fd for lane in lanes]
     writers = [lane.key.engine.stdin_fd for lane in lanes if lane.channel.unwritten_bytes]
     timeout = None if until is None else max(0.0, until - _clock())
     if max(readers + writers) < SELECT_FD_LIMIT:
-        select.select(readers, writers, [], timeout)
-        return
+        return select.select(readers, writers, [], timeout)[0]
     poller = select.poll()
     for fd in readers:
         poller.register(fd, select.POLLIN)
     for fd in writers:
         poller.register(fd, select.POLLOUT)
     # Round down: waking a little early costs one more loop, waking late misses the deadline.
-    poller.poll(None if timeout is None else int(timeout * 1000))
+    events = poller.poll(None if timeout is None else int(timeout * 1000))
+    return [fd for fd, event in events if event & _READABLE]
+
+
+#: poll events after which a read returns output, or the end of it
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR

@@ -7,7 +7,7 @@ when a call is over) is the core's.
 
 import logging
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from .core.channel import Channel
 from .core.exchanges import Exchange, WarmUpExchange
@@ -110,7 +110,7 @@ def check_answers_probe(engine: EngineProcess, outputs_per_line: int, deadline: 
     check_probe_result(engine, exchange, mismatch, kind)
 
 
-def warm_up(engine: EngineProcess, lines: List[str], outputs_per_line: int,
+def warm_up(engine: EngineProcess, lines: Sequence[str], outputs_per_line: int,
             deadline: float, budget_end: Optional[float] = None, rounds: int = 2,
             largest_chunk: int = 0) -> Channel:
     """Have a started engine predict ``lines`` (``rounds`` times over, in

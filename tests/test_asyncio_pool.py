@@ -327,3 +327,31 @@ def test_tasks_starting_the_pool_at_once_start_it_once(trained_model, truth):
     groups, engines, got = run(main())
     assert groups == 1 and len(engines) == 2
     assert got == truth[trained_model][1]
+
+
+def test_the_loop_tells_a_call_which_engines_it_found_readable(trained_model, truth):
+    """``wait_for_engines`` returns the stdout descriptors the event loop
+    found readable (``None`` when the deadline is too close to sleep), and
+    the pool's calls read only those engines and stay exact."""
+    from subwabbit.asyncio_process import wait_for_engines
+
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            first, second = [slot.engine for slot in pool._roster.slots]
+            clock = time.perf_counter
+            # Nothing printed: the timer ends the wait, with nothing readable.
+            assert await wait_for_engines([(first, False), (second, False)],
+                                          clock() + 0.05) == []
+            assert await wait_for_engines([(first, False)], clock()) is None
+            os.write(second.stdin_fd, b"|\n")  # one featureless example
+            ready = await wait_for_engines([(first, False), (second, False)], clock() + 10)
+            assert ready == [second.stdout_fd]
+            assert os.read(second.stdout_fd, 100).count(b"\n") == 1
+            for user in range(3):
+                whole = await pool.predict(common(user), items(3000))
+                assert whole == truth[trained_model][user]
+                got = await pool.predict(common(user), items(3000) * 10, timeout=0.005)
+                assert got == (truth[trained_model][user] * 10)[:len(got)]
+
+    run(main())

@@ -549,7 +549,8 @@ def test_a_multi_line_example_is_answered_once_and_counts_its_items_in_flight():
 def test_default_joining_checks_a_batch_from_its_parts_when_the_common_part_allows():
     from subwabbit import VowpalWabbitDummyFormatter  # pylint: disable=import-outside-toplevel
     from subwabbit.core.exchanges import _line_joiner  # pylint: disable=import-outside-toplevel
-    from subwabbit.lines import CheckedLines  # pylint: disable=import-outside-toplevel
+    from subwabbit.lines import (CheckedLines,  # pylint: disable=import-outside-toplevel
+                                 PrefixedLines, encode_lines)
 
     class Custom(VowpalWabbitDummyFormatter):
         def get_formatted_example(self, common_line_part, item_line_part, label=None,
@@ -557,14 +558,19 @@ def test_default_joining_checks_a_batch_from_its_parts_when_the_common_part_allo
             return f"{common_line_part} {item_line_part}"
 
     default = VowpalWabbitDummyFormatter()
+    # Checked from the parts, the lines are kept as the common part and the parts.
     lines = _line_joiner(default, "|u a", None)(["|i x", "save|i y"], 0)
-    assert lines == ["|u a |i x", "|u a save|i y"] and isinstance(lines, CheckedLines)
+    assert isinstance(lines, PrefixedLines) and list(lines) == ["|u a |i x", "|u a save|i y"]
+    assert encode_lines(lines) == b"|u a |i x\n|u a save|i y\n"
     # Lines the parts cannot vouch for go to the full check of every line.
     for formatter, common, parts in [(default, "|u a", ["|i x", "|i y\n1 |i z"]),
                                      (default, "", ["|i x"]),
                                      (default, "'saved |u a", ["|i x"]),
                                      (Custom(), "|u a", ["|i x"])]:
-        assert not isinstance(_line_joiner(formatter, common, None)(parts, 0), CheckedLines)
+        joined = _line_joiner(formatter, common, None)(parts, 0)
+        assert not isinstance(joined, (CheckedLines, PrefixedLines))
+    with pytest.raises(ValueError, match="#1 contains a line break"):
+        encode_lines(_line_joiner(default, "|u a", None)(["|i x", "|i y\n1 |i z"], 0))
     with pytest.raises(TypeError, match="format_item_features returned int for item #4"):
         _line_joiner(default, "|u a", None)(["|i x", 7], 3)
 

@@ -320,3 +320,25 @@ def test_encode_lines_does_not_check_checked_lines_again():
         check_lines(["|a", "|a\nb"], first_index=2)
     # marked as checked, it is sent as it is: the mark is the caller's promise
     assert encode_lines(CheckedLines(["|a", ""])) == b"|a\n\n"
+
+
+# ------------------------------------------------ lines kept as a prefix and parts
+
+
+def test_prefixed_lines_stand_for_the_lines_they_join():
+    from subwabbit.lines import PrefixedLines
+    parts = ["|i a", "|i b c", "|i é"]
+    lines = PrefixedLines("|u x ", parts)
+    expected = ["|u x |i a", "|u x |i b c", "|u x |i é"]
+    assert len(lines) == 3 and list(lines) == expected
+    assert lines[0] == expected[0] and lines[-1] == expected[-1]
+    assert isinstance(lines[1:], PrefixedLines) and list(lines[1:]) == expected[1:]
+    assert list(lines[::2]) == expected[::2] and list(lines[5:]) == []
+    assert "|u x |i b c" in lines and lines.index("|u x |i é") == 2
+    # encoded at once, exactly as the lines one by one
+    assert encode_lines(lines) == ("\n".join(expected) + "\n").encode("utf-8")
+    assert encode_lines(lines[1:2]) == "|u x |i b c\n".encode()
+    assert encode_lines(lines[3:]) == b"" and PrefixedLines("|u ", []).encode() == b""
+    with pytest.raises(IndexError):
+        lines[3]  # pylint: disable=pointless-statement
+

@@ -288,6 +288,65 @@ def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth
         assert metrics["engine_failures"] == 1
 
 
+def _drive(flow, wait):
+    """Drive a pool call's flow to its end as the thread pool does (with one
+    engine per call for itself: it never waits for another)."""
+    from subwabbit.pool import _wait_for_lanes
+    from subwabbit.pool_base import WaitForPipes
+    try:
+        while True:
+            wait = (flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                    if isinstance(wait, WaitForPipes) else next(flow))
+    except StopIteration as finished:
+        return finished.value
+
+
+def test_a_call_reads_only_the_engines_its_driver_found_readable(pool, trained_model, truth):
+    """After a wait the driver sends back the readable stdout descriptors,
+    and the call reads those engines only (not knowing, it reads them all)."""
+    import select
+
+    from subwabbit.pool import _wait_for_lanes
+    from subwabbit.pool_base import WaitForPipes
+    flow = pool._predict_flow(common(1), items(3000), None, None, None)
+    wait = next(flow)
+    # Until both engines have lines written to them (and owe their answers).
+    while not (isinstance(wait, WaitForPipes) and len(wait.lanes) == 2 and all(
+            lane.channel.in_flight_lines and not lane.channel.unwritten_bytes
+            for lane in wait.lanes)):
+        wait = (flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                if isinstance(wait, WaitForPipes) else next(flow))
+    lanes = wait.lanes
+    fds = [lane.key.engine.stdout_fd for lane in lanes]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(select.select(fds, [], [], 0.1)[0]) < 2:
+        pass
+    received = [lane.channel.bytes_received for lane in lanes]
+    wait = flow.send(())  # the driver saw nothing readable: nothing is read
+    assert isinstance(wait, WaitForPipes)
+    assert [lane.channel.bytes_received for lane in lanes] == received
+    wait = flow.send([fds[1]])  # only the second engine is read
+    assert lanes[0].channel.bytes_received == received[0]
+    assert lanes[1].channel.bytes_received > received[1]
+    wait = flow.send(None)  # not known: every engine is read
+    assert lanes[0].channel.bytes_received > received[0]
+    assert _drive(flow, wait) == truth[trained_model][1]
+    assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
+def test_calls_are_exact_when_the_driver_waits_with_poll(trained_model, truth, monkeypatch):
+    """Descriptors beyond select()'s limit are waited for with poll(), whose
+    readable descriptors are sent back the same way."""
+    import subwabbit.pool
+    monkeypatch.setattr(subwabbit.pool, "SELECT_FD_LIMIT", 0)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        for user in range(3):
+            assert pool.predict(common(user), items(3000)) == truth[trained_model][user]
+        got = pool.predict(common(4), items(3000) * 10, timeout=0.005)
+        assert got == (truth[trained_model][4] * 10)[:len(got)]
+        assert pool.predict(common(5), items(3000)) == truth[trained_model][5]
+
+
 def test_a_stopped_engine_holds_no_call_up_once_its_items_are_dealt(trained_model, truth):
     """The batches a stopped engine holds are dealt again to the engine that
     answers, once no new item is left: the call ends long before io_timeout_s,

@@ -26,7 +26,7 @@ function of the driver, :meth:`Channel.receive` takes what the driver read.
 """
 
 import collections
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, List, Optional, Sequence
 
 from ..errors import VowpalWabbitError, VowpalWabbitProtocolError
 from ..lines import encode_example, encode_lines
@@ -121,7 +121,7 @@ class Call:
                     "process; its remaining predictions were discarded")
             raise VowpalWabbitError("this call has ended")
 
-    def queue_lines(self, lines: List[str]) -> int:
+    def queue_lines(self, lines: Sequence[str]) -> int:
         """Check and encode formatted single-line examples and queue them for the engine.
 
         :param lines: formatted examples without newlines

@@ -19,11 +19,12 @@ without a hard deadline). The driver never decides when a call is over.
 """
 
 import itertools
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
+                    Sequence)
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
-from ..lines import (CheckedLines, breaks_no_line, check_line_part,
+from ..lines import (PrefixedLines, breaks_no_line, check_line_part,
                      common_part_holds_the_header)
 from .channel import Call, Channel
 
@@ -389,7 +390,7 @@ def format_next(format_item: Callable[..., Any], common_features: Any, items: It
 
 
 def _line_joiner(formatter: Any, common_part: str,
-                 debug_info: Any) -> Callable[[List[Any], int], List[str]]:
+                 debug_info: Any) -> Callable[[List[Any], int], Sequence[str]]:
     """A function that checks item parts and joins them with the common part
     into lines (inline when the formatter keeps the default joining)."""
     join = example_joiner(formatter)
@@ -399,11 +400,11 @@ def _line_joiner(formatter: Any, common_part: str,
     # (the check of every line was a sixth of the client's work per line).
     by_parts = join is None and common_part_holds_the_header(common_part)
 
-    def lines(parts: List[Any], first_index: int) -> List[str]:
+    def lines(parts: List[Any], first_index: int) -> Sequence[str]:
         flat = check_item_parts(parts, first_index)
         if join is None:
             if by_parts and breaks_no_line(flat):
-                return CheckedLines(prefix + part for part in parts)
+                return PrefixedLines(prefix, parts)
             return [prefix + part for part in parts]
         return [join(common_part, part, debug_info=debug_info) for part in parts]
     return lines
@@ -546,7 +547,7 @@ class WarmUpExchange(Exchange):
     doing = "warming up"
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
-                 lines: List[str], rounds: int = 2,
+                 lines: Sequence[str], rounds: int = 2,
                  budget_end: Optional[float] = None, largest_chunk: int = 0) -> None:
         super().__init__(channel, call, deadline, None, hard_deadline=True)
         if not warm_up_lines_usable(lines):
@@ -593,7 +594,7 @@ class WarmUpExchange(Exchange):
 WARM_UP_FIRST_CHUNK = 1
 
 
-def warm_up_lines_usable(lines: List[str]) -> bool:
+def warm_up_lines_usable(lines: Sequence[str]) -> bool:
     """Whether ``lines`` may warm up an engine: some lines, each an example
     with no label or tag (it starts with ``|``) and no line break, so that
     predicting them changes nothing in the model."""

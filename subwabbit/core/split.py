@@ -48,7 +48,8 @@ predictions).
 
 import collections
 import math
-from typing import Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple
+from typing import (Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
@@ -64,7 +65,7 @@ class _Batch:
     # collector, whose pauses fall on later calls.
     __slots__ = ("start", "lines", "values")
 
-    def __init__(self, start: int, lines: List[str]) -> None:
+    def __init__(self, start: int, lines: Sequence[str]) -> None:
         self.start = start          # index of its first item in the request
         self.lines = lines          # its formatted examples
         self.values: List[Any] = []  # predictions received so far, in order
@@ -205,7 +206,7 @@ class SplitPredictExchange:
         self.hedged_lines = 0
         #: the formatted lines of the call's first batch (``None`` before it
         #: is formatted, and for a multi-line kind)
-        self.first_lines: Optional[List[str]] = None
+        self.first_lines: Optional[Sequence[str]] = None
         self.done = False
         self.timed_out = False
 
