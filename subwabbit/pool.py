@@ -359,4 +359,5 @@ def _wait_for_lanes(lanes: List[Lane], until: Optional[float]) -> List[int]:
 
 
 #: poll events after which a read returns output, or the end of it
-_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
+#: (a descriptor closed under the call, POLLNVAL, is read too: the read raises)
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL

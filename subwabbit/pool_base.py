@@ -759,6 +759,10 @@ class PoolBase(ClientBase):
                     yield GiveTheLoopATurn()
                     worked_since = _clock()
                 continue
+            # The wait comes without another step: a lane just dealt its first
+            # lines must have its idle clock running (a call without a deadline
+            # would otherwise wait for a stopped engine forever).
+            exchange.note_progress(_clock())
             readable = yield WaitForPipes(list(exchange.lanes), exchange.wake_at())
             worked_since = _clock()
 

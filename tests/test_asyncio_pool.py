@@ -355,3 +355,30 @@ def test_the_loop_tells_a_call_which_engines_it_found_readable(trained_model, tr
                 assert got == (truth[trained_model][user] * 10)[:len(got)]
 
     run(main())
+
+
+
+def test_a_call_without_a_deadline_on_a_stopped_engine_fails_over_after_io_timeout_s(
+        trained_model, truth):
+    """As with threads: a call of one batch waits on the event loop right
+    after writing it, and that wait ends within io_timeout_s."""
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=1, io_timeout_s=0.5) as pool:
+            assert await pool.predict(common(1), items(10)) == truth[trained_model][1][:10]
+            stopped = pool.engine_pids()[0]
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                began = time.perf_counter()
+                got = await asyncio.wait_for(pool.predict(common(2), items(10)), 10)
+                took = time.perf_counter() - began
+            finally:
+                try:
+                    os.kill(stopped, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            assert took < 5 and got == truth[trained_model][2][:10]
+            assert pool.stats()["engine_failures"] == 1
+            assert stopped not in pool.engine_pids()
+
+    run(main())

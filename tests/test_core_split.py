@@ -223,6 +223,28 @@ def test_a_lane_that_owes_answers_and_stays_silent_is_reported_stuck():
     assert isinstance(exchange.idle_error(), VowpalWabbitTimeoutError)
 
 
+
+def test_a_wait_right_after_the_first_lines_of_a_lane_ends_within_idle_s():
+    """A driver that waits right after writing (no step between) calls
+    note_progress first: the lane just dealt its first lines gets its idle
+    clock, and the wait is bounded by idle_s even without a deadline (a
+    stopped engine would otherwise hold the call forever)."""
+    exchange = _exchange(range(5), idle_s=5.0)
+    exchange.add_lane("a", Channel())
+    exchange.step(0.0)  # deals the one batch: nothing more to deal, no deadline
+    lane = exchange.lanes[0]
+    lane.channel.write_with(len)
+    assert exchange.wake_at() is None  # the lane's clock has not started
+    exchange.note_progress(1.0)
+    assert exchange.wake_at() == 6.0
+    assert exchange.stuck_lanes(5.9) == []
+    assert exchange.stuck_lanes(6.0) == [lane]
+    # Progress restarts the clock; a lane that owes nothing has none.
+    lane.channel.receive(b"0.5\n")
+    exchange.note_progress(7.0)
+    assert exchange.wake_at() == 12.0
+    _exchange(range(10)).note_progress(0.0)  # without idle_s: nothing to do
+
 def test_wants_lanes_while_items_are_left_and_not_after_the_cutoff():
     exchange = _exchange(range(100), deadline=1.0, cutoff=0.5, in_flight=20)
     exchange.add_lane("a", Channel())

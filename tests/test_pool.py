@@ -517,6 +517,45 @@ def test_a_stopped_engine_is_replaced_after_io_timeout_s_and_calls_stay_on_time(
                 pass
 
 
+
+@pytest.mark.parametrize("kind", ["scalar", "cb_explore_adf"])
+def test_a_call_without_a_deadline_on_a_stopped_engine_fails_over_after_io_timeout_s(
+        trained_model, truth, kind):
+    """A call of one batch (the first is the last; a multi-line example is
+    always one) waits right after writing it: that wait must end within
+    io_timeout_s when the engine never answers, and the call goes on with
+    a replacement (it waited for a stopped engine forever once)."""
+    if kind == "scalar":
+        args, its, kwargs = scoring_args(trained_model), items(10), {}
+    else:
+        args, its, kwargs = ["--cb_explore_adf", "--quiet"], items(5), {
+            "prediction_type": "cb_explore_adf"}
+    with VowpalWabbitPool(DictFormatter(), args, size=1, io_timeout_s=0.5, **kwargs) as pool:
+        expected = pool.predict(common(1), its)
+        stopped = pool.engine_pids()[0]
+        os.kill(stopped, signal.SIGSTOP)
+        outcome = {}
+
+        def call():
+            began = time.perf_counter()
+            outcome["got"] = pool.predict(common(1), its)
+            outcome["took"] = time.perf_counter() - began
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(10)
+        try:
+            os.kill(stopped, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        caller.join(10)
+        assert "took" in outcome and outcome["took"] < 5, outcome
+        assert outcome["got"] == expected
+        if kind == "scalar":
+            assert expected == truth[trained_model][1][:10]
+        assert pool.stats()["engine_failures"] == 1
+        assert stopped not in pool.engine_pids()
+
 @pytest.mark.parametrize("share", [True, False])
 def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, share):
     mine = os.getpriority(os.PRIO_PROCESS, 0)

@@ -587,22 +587,23 @@ class SplitPredictExchange:
     # --------------------------------------------------------- time limits
 
     def stuck_lanes(self, now: float) -> List[Lane]:
-        """Lanes that owe answers and showed no progress for ``idle_s``."""
+        """Lanes that owe answers and showed no progress for ``idle_s``
+        (see :meth:`note_progress`)."""
         if self.idle_s is None:
             return []
-        stuck = []
-        for lane in self.lanes:
-            channel = lane.channel
-            if not channel.in_flight_lines and not channel.unwritten_bytes:
-                lane._progress = -1
-                continue
-            progress = channel.bytes_written + channel.bytes_received
-            if progress != lane._progress:
-                lane._progress = progress
-                lane._quiet_since = now
-            elif now - lane._quiet_since >= self.idle_s:
-                stuck.append(lane)
-        return stuck
+        idle_s = self.idle_s
+        return [lane for lane in self.lanes if _quiet_too_long(lane, now, idle_s)]
+
+    def note_progress(self, now: float) -> None:
+        """Start the idle clock of every lane that owes answers (and restart
+        it on those whose pipes moved), without reporting any stuck: a driver
+        that waits right after writing calls this, so that its wait
+        (:meth:`wake_at`) ends within ``idle_s`` for a lane just dealt its
+        first lines too. No-op without ``idle_s``."""
+        idle_s = self.idle_s
+        if idle_s is not None:
+            for lane in self.lanes:
+                _quiet_too_long(lane, now, idle_s)
 
     def idle_error(self) -> VowpalWabbitTimeoutError:
         """The error of a call whose every engine is stuck."""
@@ -650,6 +651,21 @@ HEDGE_UNKNOWN_S = 0.001
 #: an event loop sleeps in whole milliseconds, and asyncio's drivers take a
 #: wake under 1 ms away for "look again now", so a closer one spins them
 HEDGE_WAKE_AHEAD_S = 0.0015
+
+
+def _quiet_too_long(lane: Lane, now: float, idle_s: float) -> bool:
+    """Whether ``lane`` owes answers and its pipes have not moved for
+    ``idle_s`` (its idle clock starts, or starts again, when they move)."""
+    channel = lane.channel
+    if not channel.in_flight_lines and not channel.unwritten_bytes:
+        lane._progress = -1  # pylint: disable=protected-access
+        return False
+    progress = channel.bytes_written + channel.bytes_received
+    if progress != lane._progress:  # pylint: disable=protected-access
+        lane._progress = progress  # pylint: disable=protected-access
+        lane._quiet_since = now  # pylint: disable=protected-access
+        return False
+    return now - lane._quiet_since >= idle_s  # pylint: disable=protected-access
 
 
 def _in_flight(lane: Lane) -> int:
