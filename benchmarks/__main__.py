@@ -357,8 +357,8 @@ class Benchmark:
         engine alone on the sampled requests, taking turns block by block."""
         options, workload = self.options, self.workload
         data: Dict[str, Dict[str, Any]] = {
-            name: {"lines": [], "wall_s": [], "client_cpu_s": 0.0, "engine_cpu_s": 0.0,
-                   "other_cpu_s": 0.0, "elapsed_s": 0.0,
+            name: {"requests": [], "lines": [], "wall_s": [], "client_cpu_s": 0.0,
+                   "engine_cpu_s": 0.0, "other_cpu_s": 0.0, "elapsed_s": 0.0,
                    "in_process": contender.engine_pid is None}
             for name, contender in self.contenders.items()}
         sample = set(self._engine_sample())
@@ -436,6 +436,7 @@ class Benchmark:
         record["other_cpu_s"] += machine_busy_seconds() - busy - client - engine_used
         record["wall_s"] += walls
         record["lines"] += counts
+        record["requests"] += indices
         engine = "" if contender.engine_pid is None else self.default.name
         for index, wall, count in zip(indices, walls, counts):
             self.calls.append({"phase": "timeout", "contender": contender.name, "engine": engine,

@@ -1,8 +1,10 @@
 """Summaries, targets, reST tables, JSON and plots of a benchmark run."""
 
 import json
+import math
 import os
 import platform
+import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -154,6 +156,30 @@ def training_table(train: Dict[str, Dict[str, Any]]) -> str:
                          "round by round", "vs best engine"], rows)
 
 
+def paired_difference(requests: Sequence[int], counts: Sequence[float],
+                      reference_requests: Sequence[int],
+                      reference_counts: Sequence[float]) -> Optional[Dict[str, float]]:
+    """A contender's predictions against a reference's on the same requests:
+    the mean difference per request, its standard error, and on how many
+    requests it returned more and fewer (``None`` without common requests).
+
+    Both ran every request at different moments of the run, so the noise of
+    the machine is in both; the pairing takes the requests' own differences
+    (their items, their place in the file) out of the comparison.
+    """
+    reference = dict(zip(reference_requests, reference_counts))
+    differences = [count - reference[request] for request, count in zip(requests, counts)
+                   if request in reference]
+    if not differences:
+        return None
+    mean = statistics.mean(differences)
+    error = (statistics.stdev(differences) / math.sqrt(len(differences))
+             if len(differences) > 1 else math.nan)
+    return {"mean": mean, "standard_error": error, "requests": len(differences),
+            "more": sum(1 for d in differences if d > 0),
+            "fewer": sum(1 for d in differences if d < 0)}
+
+
 def summarize(results: Dict[str, Any]) -> None:
     """Add ``results['summary']``: statistics, ratios and targets.
 
@@ -184,6 +210,13 @@ def summarize(results: Dict[str, Any]) -> None:
                                       lines[engine_alone(own_engine(row, summary))]["mean"])
         summary["vs_best_engine"] = (None if best_lines is None else
                                      _ratio(summary["mean"], lines[engine_alone(best_lines)]["mean"]))
+
+    if best_lines is not None:
+        best_record = results["engine_per_request"][best_lines]
+        for name, record in results["timeout"]["contenders"].items():
+            lines[name]["paired_vs_best_engine"] = paired_difference(
+                record.get("requests", []), record["lines"], best_record["requests"],
+                best_record["lines"])
 
     throughput: Dict[str, Dict[str, Any]] = {}
     for name, record in results["throughput"]["contenders"].items():
@@ -353,6 +386,17 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
         _num(data["mean"]), _num(data["p50"]), _num(data["p1"]), _num(data["p99"])])
     out.append(simple_table(["contender", "mean", "p50", "p1", "p99", "vs pyvw", "vs engine",
                              "vs best engine"], rows))
+    paired = [(name, data["paired_vs_best_engine"]) for name, data in summary["lines"].items()
+              if data.get("paired_vs_best_engine")]
+    if paired:
+        out.append(
+            f"The same calls paired request by request with the best engine alone ({best['lines']}) "
+            "on the requests both served: the mean difference in predictions per request, "
+            "its standard error, and on how many requests each returned more and fewer than "
+            "the engine (the rest: as many, often all the items): " + "; ".join(
+                f"{name} {pair['mean']:+,.1f} (SE {pair['standard_error']:.1f}; more on "
+                f"{pair['more']:,}, fewer on {pair['fewer']:,} of {pair['requests']:,})"
+                for name, pair in paired) + ".")
     method = next(iter(results["engine_per_request"].values()))["method"]
     out.append("Engine alone: " + "; ".join(
         f"{name}, {len(record['lines']):,} requests at "

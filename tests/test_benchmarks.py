@@ -55,6 +55,15 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert "after 2 warm-up request(s)" in results["engine_per_request"]["wheel"]["method"]
     blocking = timed[timed["contender"] == "blocking"]
     assert sorted(blocking["request"]) == list(range(40))
+    # each contender paired request by request with the engine alone, on
+    # the 20 requests it served too, from the same calls
+    alone = timed[timed["contender"] == "engine alone (wheel)"].set_index("request")["predictions"]
+    pool = timed[timed["contender"] == "pool"].set_index("request")["predictions"]
+    paired = results["summary"]["lines"]["pool"]["paired_vs_best_engine"]
+    assert paired["requests"] == 20
+    assert paired["mean"] == pytest.approx((pool[alone.index] - alone).mean())
+    assert paired["more"] + paired["fewer"] <= 20
+    assert f"pool {paired['mean']:+,.1f} (SE" in text
     # the mean predictions per place in a turn (5 places a column), warm-up
     # calls first, from the same calls
     places = text[text.index("**Predictions per call by its place in the turn**"):]
@@ -89,6 +98,15 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
     assert "No vw executable was given" in text
     assert "subwabbit 2.1.0 was not measured" in text
     assert results["training"]["subwabbit_2"]["skipped"]
+
+
+def test_paired_difference_takes_the_requests_both_served():
+    from benchmarks.report import paired_difference
+    pair = paired_difference([3, 1, 2, 7], [10, 5, 8, 9], [1, 2, 3], [4, 8, 12])
+    assert pair["requests"] == 3 and pair["mean"] == pytest.approx((1 + 0 - 2) / 3)
+    assert (pair["more"], pair["fewer"]) == (1, 1)
+    assert pair["standard_error"] == pytest.approx(1.5275252 / 3 ** 0.5)
+    assert paired_difference([1], [3], [2], [3]) is None
 
 
 def test_training_benchmark_runs_alone():
