@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence
 
 try:  # POSIX only; `import subwabbit` must still work elsewhere
     import fcntl
@@ -671,26 +671,19 @@ def retire_quietly(engine: EngineProcess, timeout: float) -> None:
 
 
 def lower_for_exit(engine: EngineProcess) -> None:
-    """Lower a running engine (or fork server) that is about to be closed to
-    :data:`RETIRING_NICE` (see :func:`retire_quietly`)."""
-    lower_to_nice(engine.pid, RETIRING_NICE, alive=engine.certainly_running)
-
-
-def lower_to_nice(pid: int, nice: int, alive: Optional[Callable[[], bool]] = None) -> None:
-    """Lower every thread of process ``pid`` to ``nice`` (a process may
-    always lower its own children; raising them back needs privileges).
-
-    :param alive: called first; the process is left alone unless it returns
-        true (its pid might be another process's once it has been reaped)
-    """
-    if alive is not None and not alive():
+    """Lower every thread of a running engine (or fork server) that is about
+    to be closed to :data:`RETIRING_NICE` (see :func:`retire_quietly`; a
+    process may always lower its own children). An engine that has ended is
+    left alone: its pid might be another process's once it has been reaped."""
+    if not engine.certainly_running():
         return
-    for tid in threads_of(pid):
+    for tid in threads_of(engine.pid):
         try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if os.getpriority(os.PRIO_PROCESS, tid) < RETIRING_NICE:
+                os.setpriority(os.PRIO_PROCESS, tid, RETIRING_NICE)
         except (AttributeError, OSError) as exc:
-            logger.debug("cannot lower the priority of vw[%d] thread %d: %s", pid, tid, exc)
+            logger.debug("cannot lower the priority of vw[%d] thread %d: %s", engine.pid, tid,
+                         exc)
 
 
 def threads_of(pid: int) -> List[int]:
