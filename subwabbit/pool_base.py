@@ -714,8 +714,9 @@ class PoolBase(ClientBase):
                 exchange.done = exchange.timed_out = True
                 return most
             now = _clock()
-            for lane in exchange.stuck_lanes(now):
-                self._fail_lane(exchange, lane, exchange.idle_error())
+            if exchange.idle_s is not None:
+                for lane in exchange.stuck_lanes(now):
+                    self._fail_lane(exchange, lane, exchange.idle_error())
             results += exchange.step(now)
             if exchange.done:
                 return most

@@ -39,7 +39,7 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
     """
     moved = False
     if channel.unwritten_bytes:
-        began = _clock()
+        began = _clock() if detailed is not None else 0.0
         written = channel.write_with(lambda view: engine.write_some(view, status_deadline))
         moved = written > 0
         if detailed is not None:
@@ -48,7 +48,7 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
             if "sending_bytes" in detailed:
                 detailed["sending_bytes"].append((now, written))
     if read and engine.prints_answers:
-        began = _clock()
+        began = _clock() if detailed is not None else 0.0
         data = engine.read_some(status_deadline)
         if data:
             channel.receive(data)

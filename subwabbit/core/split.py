@@ -126,7 +126,11 @@ class Lane:
     def drained(self) -> bool:
         """Whether every batch this lane was dealt is answered (by it, or by
         the lane a batch was hedged to: what it still owes then is dropped)."""
-        return all(share.batch.complete for share in self.shares)
+        for share in self.shares:
+            batch = share.batch
+            if len(batch.values) != len(batch.lines):
+                return False
+        return True
 
 
 class SplitPredictExchange:
@@ -287,7 +291,7 @@ class SplitPredictExchange:
         if not self._cut_off:
             if self._stop_dealing_at is not None and now >= self._stop_dealing_at:
                 self._stop_dealing()
-            elif self.dealing or self._hedge:
+            elif self._hedge or self._items_left or self._redeal:  # (self.dealing)
                 self._deal()
         for lane in self.lanes:
             lane._busy_since = now if lane.channel.in_flight_lines else None
@@ -339,20 +343,37 @@ class SplitPredictExchange:
         be handed out, is never far behind the others. A lane that has not
         answered a quarter batch yet counts as the fastest.
         """
+        # One pass each for the paces and the rooms, without helper calls:
+        # this runs once or twice for every step of a call.
         limit, size = self.max_in_flight_lines, self.batch_size
-        floor = self._least_share()
-        paces = [self._pace_of(lane, floor) for lane in lanes]
-        measured = [pace for pace in paces if pace is not None]
-        fastest = max(measured) if measured else 0.0
+        floor = size // 4 or 1  # _least_share()
+        fastest = 0.0
+        paces: List[Optional[float]] = []
+        for lane in lanes:  # _pace_of(), inlined
+            busy_s = lane.busy_s
+            if self._pace and lane.answered >= floor and busy_s > 0:
+                pace = lane.answered / busy_s
+                if pace > fastest:
+                    fastest = pace
+                paces.append(pace)
+            else:
+                paces.append(None)
         rooms = []
         for lane, pace in zip(lanes, paces):
-            lane_limit, lane_size = limit, size
             if pace is not None and pace < fastest:
                 share = pace / fastest
-                lane_limit = max(floor, int(limit * share))
-                lane_size = max(floor, int(size * share))
-            rooms.append((lane_limit, lane, lane_limit - lane.channel.in_flight_lines, lane_size))
-        rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
+                lane_limit = int(limit * share)
+                lane_size = int(size * share)
+                if lane_limit < floor:
+                    lane_limit = floor
+                if lane_size < floor:
+                    lane_size = floor
+            else:
+                lane_limit, lane_size = limit, size
+            room = lane_limit - lane.channel.in_flight_lines
+            rooms.append((-room / lane_limit, lane, room, lane_size))
+        if len(rooms) > 1:
+            rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
         return [(lane, room, lane_size) for _, lane, room, lane_size in rooms]
 
     def _dealt_lanes(self) -> List[Lane]:
@@ -676,9 +697,8 @@ def _start(batch: _Batch) -> int:
     return batch.start
 
 
-def _emptiest(entry: Tuple[int, Lane, int, int]) -> float:
-    limit, _, room, _ = entry
-    return -room / limit
+def _emptiest(entry: Tuple[float, Lane, int, int]) -> float:
+    return entry[0]
 
 
 def _reach(lanes: List[Lane]) -> Dict[int, int]:
