@@ -709,10 +709,19 @@ class PoolBase(ClientBase):
         #: the stdout descriptors the driver's last wait found readable
         #: (``None``: not known, every engine is read)
         readable: Readable = None
+        #: whether the loop just came back from a wait: the engines it found
+        #: readable are read before the step, so that one step per wake takes
+        #: their answers and deals in their place (stepping first found
+        #: nothing new and cost a second step and pump round per wake)
+        woke = False
         while True:
             if self._closed:  # close() waits for the calls to give their engines back
                 exchange.done = exchange.timed_out = True
                 return most
+            if woke:
+                woke = False
+                self._pump_lanes(exchange, readable, _clock())
+                readable = _NONE_READABLE
             now = _clock()
             if exchange.idle_s is not None:
                 for lane in exchange.stuck_lanes(now):
@@ -735,24 +744,7 @@ class PoolBase(ClientBase):
                     exchange.done = exchange.timed_out = True
                     return most
                 continue
-            answered = False
-            # A failed engine's exit status is worth a short wait at most (its
-            # batches go to the other engines), never past the deadline.
-            status_until = now + self._status_wait_s
-            if exchange.end_at is not None:
-                status_until = min(status_until, exchange.end_at)
-            for lane in list(exchange.lanes):
-                engine, channel = lane.key.engine, lane.channel
-                received = channel.bytes_received
-                try:
-                    pump(engine, channel, status_until,
-                         read=readable is None or engine.stdout_fd in readable)
-                except ENGINE_FAILURES as exc:
-                    self._fail_lane(exchange, lane, exc)
-                    answered = True
-                    continue
-                if channel.bytes_received != received:
-                    answered = True
+            answered = self._pump_lanes(exchange, readable, now)
             # Until the next wait, no engine is known to have printed more.
             readable = _NONE_READABLE
             if answered:
@@ -766,6 +758,35 @@ class PoolBase(ClientBase):
             exchange.note_progress(_clock())
             readable = yield WaitForPipes(list(exchange.lanes), exchange.wake_at())
             worked_since = _clock()
+            woke = True
+
+    def _pump_lanes(self, exchange: SplitPredictExchange, readable: Readable,
+                    now: float) -> bool:
+        """Write what each engine of the call takes and read the engines in
+        ``readable`` (``None``: all); an engine that fails is reported to the
+        exchange (its batches are dealt again).
+
+        :returns: whether any answer arrived (or an engine failed)
+        """
+        answered = False
+        # A failed engine's exit status is worth a short wait at most (its
+        # batches go to the other engines), never past the deadline.
+        status_until = now + self._status_wait_s
+        if exchange.end_at is not None:
+            status_until = min(status_until, exchange.end_at)
+        for lane in list(exchange.lanes):
+            engine, channel = lane.key.engine, lane.channel
+            received = channel.bytes_received
+            try:
+                pump(engine, channel, status_until,
+                     read=readable is None or engine.stdout_fd in readable)
+            except ENGINE_FAILURES as exc:
+                self._fail_lane(exchange, lane, exc)
+                answered = True
+                continue
+            if channel.bytes_received != received:
+                answered = True
+        return answered
 
     def _replacement_engine(self, exchange: SplitPredictExchange,
                             generation: int) -> Generator[Wait, Readable, bool]:
