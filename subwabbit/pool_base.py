@@ -747,7 +747,10 @@ class PoolBase(ClientBase):
             answered = self._pump_lanes(exchange, readable, now)
             # Until the next wait, no engine is known to have printed more.
             readable = _NONE_READABLE
-            if answered:
+            if answered or exchange.can_deal_now():
+                # Answers to take, or a lane with room for the next batch (it
+                # has just been written to another): step again without a wait
+                # (a wait of no time cost a third of a call's waits).
                 if _clock() - worked_since >= YIELD_AFTER_S:
                     yield GiveTheLoopATurn()
                     worked_since = _clock()

@@ -731,3 +731,25 @@ def test_every_call_gets_a_prefix_of_its_own_answers_whatever_the_engines_do(see
         second = _exchange(range(1000, 1050))
         second.add_lane(key, channel)
         assert _run(second, {key: engines[key]}) == list(range(1000, 1050))
+
+
+def test_can_deal_now_says_whether_the_next_step_deals_without_an_answer():
+    """The driver steps again instead of waiting exactly when a step would
+    deal: an empty lane after another was dealt, not a full one, not after
+    the write cut-off."""
+    exchange = _exchange(range(100), deadline=1.0, cutoff=0.1, batch_size=10, in_flight=10)
+    for key in range(2):
+        exchange.add_lane(key, Channel())
+    exchange.step(0.0)
+    assert [lane.channel.in_flight_lines for lane in exchange.lanes] == [10, 0]
+    assert exchange.can_deal_now()  # the second lane is empty
+    exchange.step(0.0)
+    assert [lane.channel.in_flight_lines for lane in exchange.lanes] == [10, 10]
+    assert not exchange.can_deal_now()  # both full: only an answer makes room
+    formatted = exchange.formatted
+    exchange.step(0.0)
+    assert exchange.formatted == formatted
+    other = _exchange(range(100), deadline=1.0, cutoff=0.1)
+    other.add_lane(0, Channel())
+    other.step(0.95)  # past the write cut-off: nothing is dealt, ever
+    assert not other.can_deal_now()

@@ -334,6 +334,20 @@ def test_a_call_reads_only_the_engines_its_driver_found_readable(pool, trained_m
     assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
+def test_a_call_deals_every_engine_with_room_before_it_waits(pool, trained_model, truth):
+    """A lane with room for a batch is dealt at once: the call's first wait
+    comes when both engines have lines to answer, not after the first batch
+    (a wait of no time for the second cost a third of a call's waits)."""
+    from subwabbit.pool_base import WaitForPipes
+    flow = pool._predict_flow(common(1), items(3000), None, None, None)
+    wait = next(flow)
+    while not isinstance(wait, WaitForPipes):
+        wait = next(flow)
+    assert len(wait.lanes) == 2
+    assert all(lane.channel.in_flight_lines for lane in wait.lanes)
+    assert _drive(flow, wait) == truth[trained_model][1]
+
+
 def test_calls_are_exact_when_the_driver_waits_with_poll(trained_model, truth, monkeypatch):
     """Descriptors beyond select()'s limit are waited for with poll(), whose
     readable descriptors are sent back the same way."""

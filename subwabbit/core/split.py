@@ -399,6 +399,11 @@ class SplitPredictExchange:
         and the lines it answers before its pace counts."""
         return max(1, self.batch_size // 4)
 
+    def can_deal_now(self) -> bool:
+        """Whether :meth:`step` would deal a batch if it ran now (at the time
+        of the last step): a driver steps again instead of waiting."""
+        return self._can_deal()
+
     def _can_deal(self) -> bool:
         """Whether :meth:`step` would deal a batch to a lane now (only a
         quiet pipe keeps it from being taken: a lane added to the call)."""
