@@ -459,3 +459,20 @@ def test_distributed_benchmark_measures_one_and_two_workers(tmp_path):
         assert speed[name]["lines_per_s"] > 0, output
     assert 0 < speed["2 workers"]["allreduce_share"] < 1
     assert "the AllReduce itself" in output
+
+
+def test_pool_cpu_benchmark_measures_the_pool_and_its_engine_alone(tmp_path):
+    path = tmp_path / "pool_cpu.json"
+    output = run_module("benchmarks.pool_cpu", "--items", "300", "--requests", "3", "--calls", "6",
+                        "--rounds", "1", "--size", "2", "--timeout", "1", "--json", str(path))
+    assert "pool of 2, 6 calls of 300 items per round, timeout 1000 ms" in output, output
+    assert [line.split()[0] for line in output.splitlines()[-2:]] == ["1", "median"], output
+    report = json.loads(path.read_text())
+    assert len(report["rounds"]) == 1
+    figures = report["rounds"][0]
+    # A 1 s timeout: every call returns its 300 items, and the engines read
+    # about as many lines (the mean line length is the file's).
+    assert figures["predictions_per_call"] == 300
+    assert 250 <= figures["engine_lines_per_call"] <= 350, figures
+    assert figures["client_us_per_prediction"] > 0 and figures["engine_us_per_line"] > 0
+    assert report["medians"]["predictions_per_call"] == 300
