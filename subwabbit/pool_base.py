@@ -712,7 +712,10 @@ class PoolBase(ClientBase):
         #: whether the loop just came back from a wait: the engines it found
         #: readable are read before the step, so that one step per wake takes
         #: their answers and deals in their place (stepping first found
-        #: nothing new and cost a second step and pump round per wake)
+        #: nothing new and cost a second step and pump round per wake). That
+        #: read writes nothing: the step decides what may still be written
+        #: (the write cut-off drops the lines not yet in a pipe). Past the
+        #: deadline nothing is read: the step ends the call.
         woke = False
         while True:
             if self._closed:  # close() waits for the calls to give their engines back
@@ -720,7 +723,9 @@ class PoolBase(ClientBase):
                 return most
             if woke:
                 woke = False
-                self._pump_lanes(exchange, readable, _clock())
+                now = _clock()
+                if exchange.end_at is None or now < exchange.end_at:
+                    self._pump_lanes(exchange, readable, now, write=False)
                 readable = _NONE_READABLE
             now = _clock()
             if exchange.idle_s is not None:
@@ -764,10 +769,11 @@ class PoolBase(ClientBase):
             woke = True
 
     def _pump_lanes(self, exchange: SplitPredictExchange, readable: Readable,
-                    now: float) -> bool:
-        """Write what each engine of the call takes and read the engines in
-        ``readable`` (``None``: all); an engine that fails is reported to the
-        exchange (its batches are dealt again).
+                    now: float, write: bool = True) -> bool:
+        """Write what each engine of the call takes (unless ``write`` is
+        false) and read the engines in ``readable`` (``None``: all); an
+        engine that fails is reported to the exchange (its batches are dealt
+        again).
 
         :returns: whether any answer arrived (or an engine failed)
         """
@@ -782,7 +788,7 @@ class PoolBase(ClientBase):
             received = channel.bytes_received
             try:
                 pump(engine, channel, status_until,
-                     read=readable is None or engine.stdout_fd in readable)
+                     read=readable is None or engine.stdout_fd in readable, write=write)
             except ENGINE_FAILURES as exc:
                 self._fail_lane(exchange, lane, exc)
                 answered = True

@@ -26,7 +26,8 @@ YIELD_AFTER_S = 0.0005
 
 
 def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[float],
-         detailed: Optional[Dict[str, List[Any]]] = None, read: bool = True) -> bool:
+         detailed: Optional[Dict[str, List[Any]]] = None, read: bool = True,
+         write: bool = True) -> bool:
     """Write what the stdin pipe takes and read what stdout holds, once each.
 
     :param status_deadline: how long an error report may wait for a dead
@@ -34,11 +35,13 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
     :param detailed: when given, receives ``sending_*``/``receiving_*`` entries
     :param read: whether to read (``False``: only write, when the caller knows
         that stdout was empty a moment ago and has not waited since)
+    :param write: whether to write (``False``: only read, when the exchange
+        has yet to decide what may still be written: the write cut-off)
     :returns: whether any byte moved
     :raises VowpalWabbitEngineExitedError: at EOF or a broken pipe
     """
     moved = False
-    if channel.unwritten_bytes:
+    if write and channel.unwritten_bytes:
         began = _clock() if detailed is not None else 0.0
         written = channel.write_with(lambda view: engine.write_some(view, status_deadline))
         moved = written > 0

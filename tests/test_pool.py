@@ -348,6 +348,53 @@ def test_a_call_deals_every_engine_with_room_before_it_waits(pool, trained_model
     assert _drive(flow, wait) == truth[trained_model][1]
 
 
+@pytest.mark.parametrize("cutoff", [0.2, 0.0])
+def test_no_line_is_written_after_the_write_cutoff_when_a_wait_ends_past_it(trained_model,
+                                                                            truth, cutoff):
+    """A wait that ends after the write cut-off (here: the engine's stdin
+    became writable again) writes nothing more than the rest of a line
+    already partly in the pipe; with no cut-off, nothing after the
+    deadline."""
+    from subwabbit.pool import _wait_for_lanes
+    from subwabbit.pool_base import WaitForPipes
+    # Lines of about 4 KB: 200 in flight do not fit in the engine's pipe.
+    long_common = {"user": 1, "ctx": [f"tok{i}" for i in range(500)]}
+    timeout = 0.5
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                          write_cutoff_s=cutoff) as pool:
+        pool.predict(long_common, items(10), timeout=2)
+        pid = pool.engine_pids()[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.perf_counter()
+            flow = pool._predict_flow(long_common, items(3000), timeout, None, None)
+            wait = next(flow)
+            # Until the call waits for the stopped engine with lines unwritten.
+            while not (isinstance(wait, WaitForPipes) and wait.lanes[0].channel.unwritten_bytes
+                       and wait.until is not None and wait.until - time.perf_counter() > 0.05):
+                wait = (flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                        if isinstance(wait, WaitForPipes) else next(flow))
+            channel = wait.lanes[0].channel
+            line_bytes = len(pool.formatter.get_formatted_example(
+                pool.formatter.format_common_features(long_common),
+                pool.formatter.format_item_features(long_common, items(1)[0]))) + 1
+            time.sleep(max(0.0, started + timeout - cutoff + 0.02 - time.perf_counter()))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)  # the engine drains its pipe: there is room again
+        written = channel.bytes_written
+        try:
+            wait = flow.send([])  # the wait ended with nothing readable
+            while True:
+                wait = (flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                        if isinstance(wait, WaitForPipes) else next(flow))
+        except StopIteration:
+            pass
+        assert channel.bytes_written - written < line_bytes
+        # What the call left on the engine never reaches the next call.
+        assert pool.predict(common(1), items(3000), timeout=5) == truth[trained_model][1]
+
+
 def test_calls_are_exact_when_the_driver_waits_with_poll(trained_model, truth, monkeypatch):
     """Descriptors beyond select()'s limit are waited for with poll(), whose
     readable descriptors are sent back the same way."""
