@@ -785,10 +785,12 @@ class PoolBase(ClientBase):
             status_until = min(status_until, exchange.end_at)
         for lane in list(exchange.lanes):
             engine, channel = lane.key.engine, lane.channel
+            read = readable is None or engine.stdout_fd in readable
+            if not read and not (write and channel.unwritten_bytes):
+                continue  # nothing to move on this engine
             received = channel.bytes_received
             try:
-                pump(engine, channel, status_until,
-                     read=readable is None or engine.stdout_fd in readable, write=write)
+                pump(engine, channel, status_until, read=read, write=write)
             except ENGINE_FAILURES as exc:
                 self._fail_lane(exchange, lane, exc)
                 answered = True
