@@ -159,13 +159,14 @@ def run(options: argparse.Namespace) -> Dict[str, Any]:
                 two = engines_on_file(args, data, one, 2)
                 figures["alone_us_per_line"] = None if alone is None else alone * 1e6
                 figures["two_at_once_us_per_line"] = None if two is None else two * 1e6
-                figures["in_pool_vs_alone"] = (None if alone is None else
-                                               figures["engine_us_per_line"] / (alone * 1e6))
+                in_pool = figures["engine_us_per_line"]
+                figures["in_pool_vs_alone"] = (None if alone is None or in_pool is None
+                                               else in_pool / (alone * 1e6))
                 rounds.append(figures)
                 _print_round(number + 1, figures)
     medians: Dict[str, Optional[float]] = {}
     for key in rounds[0]:
-        values = [r[key] for r in rounds if r[key] is not None]
+        values = [value for value in (r[key] for r in rounds) if value is not None]
         medians[key] = statistics.median(values) if values else None
     return {"size": options.size, "items": options.items, "calls": options.calls,
             "timeout_s": options.timeout, "line_bytes": line_bytes, "rounds": rounds,

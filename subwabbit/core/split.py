@@ -352,10 +352,10 @@ class SplitPredictExchange:
         for lane in lanes:  # _pace_of(), inlined
             busy_s = lane.busy_s
             if self._pace and lane.answered >= floor and busy_s > 0:
-                pace = lane.answered / busy_s
-                if pace > fastest:
-                    fastest = pace
-                paces.append(pace)
+                measured = lane.answered / busy_s
+                if measured > fastest:
+                    fastest = measured
+                paces.append(measured)
             else:
                 paces.append(None)
         rooms = []
