@@ -728,9 +728,8 @@ class PoolBase(ClientBase):
                     self._pump_lanes(exchange, readable, now, write=False)
                 readable = _NONE_READABLE
             now = _clock()
-            if exchange.idle_s is not None:
-                for lane in exchange.stuck_lanes(now):
-                    self._fail_lane(exchange, lane, exchange.idle_error())
+            for lane in exchange.stuck_lanes(now):
+                self._fail_lane(exchange, lane, exchange.idle_error())
             results += exchange.step(now)
             if exchange.done:
                 return most
@@ -785,12 +784,10 @@ class PoolBase(ClientBase):
             status_until = min(status_until, exchange.end_at)
         for lane in list(exchange.lanes):
             engine, channel = lane.key.engine, lane.channel
-            read = readable is None or engine.stdout_fd in readable
-            if not read and not (write and channel.unwritten_bytes):
-                continue  # nothing to move on this engine
             received = channel.bytes_received
             try:
-                pump(engine, channel, status_until, read=read, write=write)
+                pump(engine, channel, status_until,
+                     read=readable is None or engine.stdout_fd in readable, write=write)
             except ENGINE_FAILURES as exc:
                 self._fail_lane(exchange, lane, exc)
                 answered = True
