@@ -55,7 +55,8 @@ class VowpalWabbitPool(PoolBase):
 
     :param formatter: turns common and item features into VW lines
     :param vw_args: engine arguments, typically ``["-i", "model.vw", "-t", "--quiet"]``
-    :param size: how many engines (default: the CPUs this process may use)
+    :param size: how many engines (default: the CPUs this process may use,
+        :func:`~subwabbit.cpus.usable_cpus`: its affinity, within its cgroup's CPU quota)
     :param batch_size: items formatted and sent to one engine at a time
         (:data:`~subwabbit.pool_base.POOL_BATCH_SIZE`, twice a single process's)
     :param max_pending_lines: the most lines in flight per engine

@@ -26,6 +26,7 @@ from .core.channel import Channel
 from .core.exchanges import format_common_part
 from .core.roster import Roster, Slot
 from .core.split import Lane, SplitPredictExchange
+from .cpus import usable_cpus
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
@@ -114,11 +115,11 @@ def smaps_rollup(pid: int) -> Dict[str, int]:
 
 
 def default_pool_size() -> int:
-    """The number of CPUs this process may run on (``os.sched_getaffinity``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """The number of CPUs this process may use: those it may run on
+    (``os.sched_getaffinity``), no more than its cgroup's CPU quota
+    (``docker run --cpus``, a Kubernetes CPU limit) rounded up; see
+    :func:`~subwabbit.cpus.usable_cpus`."""
+    return usable_cpus()
 
 
 def check_pool_size(size: Optional[int]) -> int:
@@ -929,6 +930,7 @@ class PoolBase(ClientBase):
         for group in self._groups.values():
             if group.server is not None:
                 group.server.on_exit = None
+                group.server.stopped = True  # its end is asked for, not a death to report
         engines = [slot.engine for slot in self._roster.slots]
         engines += [group.server.engine for group in self._groups.values()
                     if group.server is not None]
