@@ -13,14 +13,16 @@ Everything here blocks; the asyncio pool runs it on its executor.
 import concurrent.futures
 import logging
 import os
+import threading
 import time
 from typing import Callable, List, Optional, Sequence
 
 from .core.exchanges import warm_up_lines_usable
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess, lower_for_exit, threads_of
-from .errors import VowpalWabbitError
+from .errors import VowpalWabbitError, VowpalWabbitStartupError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
+from .model_file import FileIdentity, file_identity, model_file_path
 from .sync_driver import check_answers_probe, start_engine, warm_up
 
 logger = logging.getLogger("subwabbit")
@@ -69,6 +71,13 @@ class EngineGroup:
         self._on_engine_exit = on_engine_exit
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
+        #: guards :attr:`server` while a replacement starts a new one
+        self._server_lock = threading.Lock()
+        self._closed = False
+        #: the model file the engines load, and which file was there when
+        #: they loaded it (see :meth:`_check_model_file`)
+        self._model_path = model_file_path(argv)
+        self._model_file: Optional[FileIdentity] = None
 
     @property
     def shares_weights(self) -> bool:
@@ -79,21 +88,15 @@ class EngineGroup:
         """Start ``count`` engines and check that each answers.
 
         :raises VowpalWabbitStartupError: the first failure (every engine
-            started is stopped)
+            started is stopped), or the model file changed while they loaded it
         """
+        self._model_file = file_identity(self._model_path)
         if self._share and count > 1:
-            try:
-                self.server = ForkServer(self.argv, self.startup_timeout_s)
-            except ForkServerUnavailable:
-                logger.info("the model needs vw's own driver: the pool's engines load a copy "
-                            "each")
-                self._share = False
+            self.server = self._start_server()
         if self.server is not None:
-            self.server.on_exit = self._on_engine_exit
-            if self.low_priority:
-                lower_priority(self.server.pid)  # its forks inherit it
             forked: List[EngineProcess] = []
             try:
+                self._check_model_file("the pool's fork server loaded it")
                 for _ in range(count):
                     forked.append(self.add_one())
             except BaseException:
@@ -108,6 +111,11 @@ class EngineGroup:
             concurrent.futures.wait(futures)
         engines = [future.result() for future in futures if future.exception() is None]
         errors = [future.exception() for future in futures if future.exception() is not None]
+        if not errors:
+            try:
+                self._check_model_file("the pool's engines loaded it")
+            except VowpalWabbitStartupError as changed:
+                errors.append(changed)
         if errors:
             for engine in engines:
                 engine.abort()
@@ -117,11 +125,81 @@ class EngineGroup:
                 lower_priority(engine.pid)
         return engines
 
+    def _start_server(self) -> Optional[ForkServer]:
+        """Start a fork server that loads the model (``None``: the model
+        needs vw's own driver, and the engines load a copy each)."""
+        try:
+            server = ForkServer(self.argv, self.startup_timeout_s)
+        except ForkServerUnavailable:
+            logger.info("the model needs vw's own driver: the pool's engines load a copy each")
+            self._share = False
+            return None
+        server.on_exit = self._on_engine_exit
+        if self.low_priority:
+            lower_priority(server.pid)  # its forks inherit it
+        return server
+
+    def _server_for_replacement(self) -> Optional[ForkServer]:
+        """The fork server a replacement is forked from: a new one if the
+        last died, so that replacements go on sharing one copy of the model
+        and reporting their exits (``None``: start a copy)."""
+        with self._server_lock:
+            dead = self.server
+            if dead is None or not dead.died or self._closed:
+                return dead if dead is not None and not dead.closed else None
+            self.server = None
+        dead.close(0.0)  # it has ended: this reaps it
+        server = self._start_server()
+        if server is not None:
+            try:
+                self._check_model_file("the pool's first fork server loaded it")
+            except VowpalWabbitStartupError:
+                server.close()
+                raise
+        with self._server_lock:
+            if server is not None and (self._closed or self.server is not None):
+                # The group closed meanwhile (or another replacement restarted it first).
+                closing, server = server, None
+            else:
+                self.server = server
+                closing = None
+        if closing is not None:
+            closing.close()
+            return self.server if not self._closed else None
+        if server is not None:
+            logger.warning("started a new fork server for the pool: vw[%s]", server.pid)
+        return server
+
+    def _check_model_file(self, when: str) -> None:
+        """Refuse to serve a model file other than the one the group's
+        engines loaded: an engine that loads it later (a replacement) would
+        answer calls of this generation with another model's predictions.
+
+        :raises VowpalWabbitStartupError: when another file is at the path now
+        """
+        if self._model_file is not None and file_identity(self._model_path) != self._model_file:
+            raise VowpalWabbitStartupError(
+                f"the model file {self._model_path} changed since {when}: an engine that "
+                "loads it would serve another model than the others; reload() the pool to "
+                "serve the new file (write new models under new names, or move them over "
+                "the old name only with a reload right after)", argv=self.argv)
+
     def add_one(self) -> EngineProcess:
-        """Start one more engine (a replacement) and check that it answers."""
-        server = self.server
-        if server is None or server.closed:
+        """Start one more engine (a replacement) and check that it answers.
+
+        :raises VowpalWabbitStartupError: when it cannot start, or when it
+            would load a model file other than the group's first engines did
+        """
+        if self.server is None or self.server.died:  # it loads the model from the file
+            self._check_model_file("the pool's engines loaded it")
+        server = self._server_for_replacement()
+        if server is None:
             engine = self._start_copy()
+            try:
+                self._check_model_file("the pool's engines loaded it")
+            except VowpalWabbitStartupError:
+                engine.abort()
+                raise
             if self.low_priority:
                 lower_priority(engine.pid)
             return engine
@@ -165,7 +243,9 @@ class EngineGroup:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server, if any (its engines are closed one by one)."""
-        server, self.server = self.server, None
+        with self._server_lock:
+            self._closed = True
+            server, self.server = self.server, None
         if server is not None:
             try:
                 server.close(timeout_s)
@@ -182,6 +262,7 @@ class EngineGroup:
 
     def abandon_in_fork(self) -> None:
         """In a forked client process: let go of the server without touching it."""
+        self._server_lock = threading.Lock()  # (another thread may have held it at the fork)
         server, self.server = self.server, None
         if server is not None:
             server.abandon_in_fork()

@@ -31,11 +31,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .command import default_engine_command
 from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
 from .engine_process import EngineProcess
-from .errors import UNKNOWN_EXIT_STATUS, VowpalWabbitError, VowpalWabbitStartupError
+from .errors import (UNKNOWN_EXIT_STATUS, VowpalWabbitError, VowpalWabbitStartupError,
+                     describe_returncode)
 
 logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
+
+#: How long the report of a fork server that died waits for its exit status.
+_DEATH_STATUS_WAIT_S = 1.0
 
 
 def can_share_weights(argv: Sequence[str]) -> bool:
@@ -213,6 +217,8 @@ class ForkServer:
                 self.closed = True
                 self.died = not self.stopped
                 self._replies.put(None)
+                if self.died:
+                    self._report_death()
                 return
             if message.startswith(b"exit "):
                 _, pid, code = message.split()
@@ -224,6 +230,19 @@ class ForkServer:
                         logger.exception("reporting the exit of vw[%s]", pid.decode())
             else:
                 self._replies.put(message)
+
+    def _report_death(self) -> None:
+        """Log an end nobody asked for, once its status is known, and reap
+        the server (no zombie is left until the pool closes)."""
+        try:
+            status: Optional[int] = self.engine.proc.wait(timeout=_DEATH_STATUS_WAIT_S)
+        except subprocess.TimeoutExpired:
+            status = None
+        tail = self.engine.stderr_tail()
+        logger.warning("the pool's fork server vw[%s] %s; its engines serve on, and the next "
+                       "replacement starts a new server%s", self.pid,
+                       "is ending" if status is None else describe_returncode(status),
+                       f" (vw said: {tail})" if tail else "")
 
     def exit_status(self, pid: int) -> Optional[int]:
         """The exit status of a forked engine, once the server reported it."""

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import struct
-from typing import BinaryIO, List, Optional, Sequence
+from typing import BinaryIO, List, Optional, Sequence, Tuple
 
 from .engine.program import option_name
 
@@ -55,6 +55,26 @@ def model_file_path(vw_args: Sequence[str]) -> Optional[str]:
             return token[2:]
         return vw_args[index + 1] if index + 1 < len(vw_args) else None
     return None
+
+
+#: What tells one model file from another written at the same path later.
+FileIdentity = Tuple[int, int, int, int]
+
+
+def file_identity(path: Optional[str]) -> Optional[FileIdentity]:
+    """The device, inode, size and modification time of the file at
+    ``path`` (following links), or ``None`` without a path or a file there.
+
+    A new file moved over the path (a rename, a link repointed) has another
+    inode; one written over in place another size or modification time.
+    """
+    if not path:
+        return None
+    try:
+        stat = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def saved_options(path: str) -> Optional[List[str]]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -180,6 +180,16 @@ def process_gone(pid: int, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds; ``False`` after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while not condition():
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def children_of_this_process() -> List[int]:

@@ -6,8 +6,10 @@ read from a file, for the model that served the call.
 """
 
 import json
+import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -19,7 +21,8 @@ from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupEr
 from subwabbit.command import default_engine_command
 
 from conftest import (CyclesLeft, DictFormatter, common, in_child, items,
-                      pipe_on_freed_numbers, proc_stat, process_gone, scoring_args)
+                      pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
+                      wait_until)
 
 
 @pytest.fixture
@@ -475,7 +478,8 @@ def test_a_forked_child_starts_its_own_engines_and_the_parent_is_untouched(
 
 # ------------------------------------------------------------- shared model
 
-def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model, truth):
+def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model, truth,
+                                                                   caplog):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         assert pool.shares_weights()
         server = pool._groups[0].server  # pylint: disable=protected-access
@@ -496,17 +500,70 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
         while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
             time.sleep(0.01)
         assert all(int(proc_stat(pid)[1]) == server.pid for pid in pool.engine_pids())
-        os.kill(server.pid, signal.SIGKILL)
-        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
-        victim = pool.engine_pids()[0]
-        os.kill(victim, signal.SIGKILL)
-        assert process_gone(victim)
-        assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
-        deadline = time.time() + 30
-        while pool.stats()["engines_replaced"] < 2 and time.time() < deadline:
-            time.sleep(0.01)
-        assert pool.stats()["engines"] == 2  # started on its own once the server was gone
+        # A server that dies is reported, reaped (no zombie waits for close())
+        # and, at the next replacement, started anew: replacements go on
+        # sharing one copy of the model.
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            os.kill(server.pid, signal.SIGKILL)
+            deadline = time.time() + 10
+            while not server.died and time.time() < deadline:
+                time.sleep(0.01)
+            assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+            assert wait_until(lambda: server.engine.proc.returncode is not None)
+            with pytest.raises(ChildProcessError):
+                os.waitpid(server.pid, os.WNOHANG)  # reaped
+            assert f"fork server vw[{server.pid}] killed by SIGKILL" in caplog.text
+            victim = pool.engine_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            assert process_gone(victim)
+            assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
+            deadline = time.time() + 30
+            while pool.stats()["engines_replaced"] < 2 and time.time() < deadline:
+                time.sleep(0.01)
+        assert pool.stats()["engines"] == 2
+        new_server = pool._groups[0].server  # pylint: disable=protected-access
+        assert new_server is not None and new_server.pid != server.pid
+        assert pool.shares_weights()
+        assert int(proc_stat(pool.engine_pids()[-1])[1]) == new_server.pid
+        assert "started a new fork server" in caplog.text
         assert pool.predict(common(5), items(3000)) == truth[trained_model][5]
+        # ... and it reports the exits of what it forked, as the first one did.
+        forked = pool.engine_pids()[-1]
+        os.kill(forked, signal.SIGKILL)
+        assert wait_until(lambda: pool.stats()["engines_replaced"] >= 3, 30)
+        assert pool.predict(common(0), items(3000)) == truth[trained_model][0]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_no_replacement_loads_a_model_file_written_over_the_served_one(
+        trained_model, second_model, truth, tmp_path, caplog, share):
+    # A replacement that loaded the file again would serve calls of the old
+    # generation with the new model, beside an engine that has the old one.
+    current = tmp_path / "current.vw"
+    shutil.copy(trained_model, current)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(current)), size=2,
+                          share_weights=share) as pool:
+        assert pool.shares_weights() is share
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        if share:  # a fork server forks from memory: only a new server reads the file
+            server = pool._groups[0].server  # pylint: disable=protected-access
+            os.kill(server.pid, signal.SIGKILL)
+            assert wait_until(lambda: server.died)
+        shutil.copy(second_model, tmp_path / "next.vw")
+        os.replace(tmp_path / "next.vw", current)
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            victim = pool.engine_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            assert process_gone(victim)
+            assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+            assert wait_until(lambda: "changed since" in caplog.text, 30)
+        assert "replacement" in caplog.text and "reload() the pool" in caplog.text
+        assert pool.stats()["engines"] == 1 and pool.stats()["engines_replaced"] == 0
+        for user in (3, 4):
+            assert pool.predict(common(user), items(3000)) == truth[trained_model][user]
+        pool.reload(scoring_args(str(current)))
+        assert pool.predict(common(5), items(3000)) == truth[second_model][5]
+        assert pool.stats()["engines"] == 2
 
 
 @pytest.mark.parametrize("extra, shared", [([], False), (["-f", "MODEL"], False)])
