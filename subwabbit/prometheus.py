@@ -1,5 +1,5 @@
-"""Prometheus metrics for subwabbit clients and pools (``pip install
-subwabbit[prometheus]``, which brings ``prometheus_client``).
+"""Prometheus metrics for subwabbit clients and pools (the ``prometheus``
+extra, ``pip install '.[prometheus]'`` from a checkout, brings ``prometheus_client``).
 
 :func:`metrics_hook` returns a ``metrics_hook`` for any client or pool: it
 turns each call's metrics dict into Prometheus counters and histograms.

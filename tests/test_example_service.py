@@ -30,19 +30,12 @@ def _app_module():
     return module
 
 
-def _train(formatter, path, tmp_path, flip):
-    lines = []
-    for user in range(USERS):
-        common = formatter.format_common_features({"user": user})
-        for item in range(0, 400, 3):
-            label = 1 if (item + user + flip) % 2 else -1
-            lines.append(f"{label} {common} {formatter.format_item_features(None, item)}")
-    data = tmp_path / f"train-{flip}.txt"
-    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    subprocess.run(default_engine_command() + ["-d", str(data), "-f", str(path), "--quiet",
-                                               "-q", "ui", "--link", "logistic",
-                                               "--loss_function", "logistic"],
-                   check=True, timeout=120)
+def _train_module():
+    spec = importlib.util.spec_from_file_location("example_train",
+                                                  os.path.join(APP_DIR, "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _free_port():
@@ -61,7 +54,7 @@ def test_the_example_service_serves_and_reloads_with_no_error(tmp_path):
     formatter = _app_module().Formatter()
     models = [tmp_path / "first.vw", tmp_path / "second.vw"]
     for flip, model in enumerate(models):
-        _train(formatter, model, tmp_path, flip)
+        _train_module().train(str(model), formatter, flip=flip, users=USERS, items=len(ITEMS))
     truth = {}
     for generation, model in enumerate(models):
         for user in range(USERS):
@@ -69,6 +62,11 @@ def test_the_example_service_serves_and_reloads_with_no_error(tmp_path):
             lines = [f"{common} {formatter.format_item_features(None, item)}" for item in ITEMS]
             truth[generation, user] = expected_scalars(lines, ["-i", str(model), "-t"], tmp_path)
     assert truth[0, 0] != truth[1, 0]
+    multiclass = tmp_path / "multiclass.vw"
+    data = tmp_path / "multiclass.txt"
+    data.write_text("1 |u u1\n2 |u u2\n3 |u u3\n", encoding="utf-8")
+    subprocess.run(default_engine_command() + ["--oaa", "3", "-d", str(data), "-f", str(multiclass),
+                                               "--quiet"], check=True, timeout=120)
 
     port = _free_port()
     env = dict(os.environ, MODEL_PATH=str(models[0]), POOL_SIZE="2")
@@ -136,12 +134,28 @@ def test_the_example_service_serves_and_reloads_with_no_error(tmp_path):
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         status, body = _post(connection, "/reload", {"model_path": str(tmp_path / "none.vw")})
         assert status == 400 and "did not load" in body["detail"]
+        # A model of another kind (multiclass) is refused, not a server error.
+        status, body = _post(connection, "/reload", {"model_path": str(multiclass)})
+        assert status == 400 and "refused" in body["detail"], body
+        # Requests outside the bounds are refused before they reach the pool.
+        for bad in ({"user": 1, "items": ITEMS, "timeout_ms": -5},
+                    {"user": 1, "items": ITEMS, "timeout_ms": 10 ** 9},
+                    {"user": 1, "items": [1] * 20_001}):
+            status, _ = _post(connection, "/recommend", bad)
+            assert status == 422, bad
+        status, body = _post(connection, "/recommend", {"user": 1, "items": ITEMS[:5]})
+        assert status == 200 and body["model_generation"] == 1
+        assert body["scores"] == truth[1, 1][:5]
         connection.request("GET", "/metrics")
         text = connection.getresponse().read().decode()
         connection.close()
         assert "subwabbit_pool_generation 1.0" in text
         assert "subwabbit_call_duration_seconds_bucket" in text
         assert 'subwabbit_predictions_total{method="predict"}' in text
+        requested = _metric(text, "recommend_items_requested_total")
+        scored = _metric(text, "recommend_items_scored_total")
+        assert requested == 1600 * len(ITEMS) + 5 and scored == sum(counts) + 5
+        assert _metric(text, "recommend_empty_answers_total") == sum(1 for c in counts if not c)
     finally:
         server.terminate()
         try:
@@ -154,6 +168,28 @@ def test_the_example_service_serves_and_reloads_with_no_error(tmp_path):
     while _processes_using(tmp_path) and time.time() < deadline:
         time.sleep(0.1)
     assert _processes_using(tmp_path) == []
+
+
+def _metric(text, name):
+    """The value of an unlabelled sample in Prometheus' text format."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in the metrics")
+
+
+def test_the_example_training_script_writes_a_model_for_the_service(tmp_path):
+    model = tmp_path / "current.vw"
+    out = subprocess.run([sys.executable, "train.py", str(model)], cwd=APP_DIR, check=True,
+                         capture_output=True, text=True, timeout=120)
+    assert "wrote" in out.stdout
+    formatter = _app_module().Formatter()
+    common = formatter.format_common_features({"user": 0})
+    shown = range(0, 30, 3)  # items it was trained on
+    lines = [f"{common} {formatter.format_item_features(None, item)}" for item in shown]
+    scores = expected_scalars(lines, ["-i", str(model), "-t"], tmp_path)
+    # user 0 learnt to like odd items
+    assert [score > 0.5 for score in scores] == [item % 2 == 1 for item in shown]
 
 
 def _processes_using(folder):

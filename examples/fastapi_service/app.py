@@ -1,32 +1,53 @@
 """An example recommender service: FastAPI on uvicorn, scoring with a pool of
 VW engines, reloading the model while it serves, with Prometheus metrics.
 
-Run it (from this folder, with ``pip install 'subwabbit[service]'``)::
+Run it from this folder, with subwabbit installed from a checkout
+(``pip install '.[service]'`` at the checkout's root) and a model trained for
+its formatter (``python train.py /models/current.vw`` makes a toy one)::
 
-    MODEL_PATH=/path/to/model.vw uvicorn app:app --host 127.0.0.1 --port 8000
+    MODEL_PATH=/models/current.vw uvicorn app:app --host 127.0.0.1 --port 8000
 
 * ``POST /recommend`` ``{"user": 7, "items": [1, 2, 3], "timeout_ms": 10}`` returns
   ``{"scores": [...], "model_generation": 0}``: the scores of the longest
-  prefix of items that fits the budget, and which model gave them.
-* ``POST /reload`` ``{"model_path": "/path/to/new.vw"}`` swaps the model with
-  no failed request and returns the new generation.
+  prefix of items that fits the budget, and which model gave them
+  (``null`` when no engine was free before the deadline: ``scores`` is then
+  empty). The budget covers scoring only, not reading the request or
+  writing the answer.
+* ``POST /reload`` ``{"model_path": "/models/current.vw"}`` swaps the model with
+  no failed request and returns the new generation. It loads any file the
+  server can read: keep it off the public network.
 * ``GET /metrics`` is Prometheus' text format.
 
-Settings come from the environment: ``MODEL_PATH`` (required), ``POOL_SIZE``
-(default: the CPUs this process may use), ``VW_ARGS`` (extra arguments).
+Settings come from the environment: ``MODEL_PATH`` (required; an absolute
+path), ``POOL_SIZE`` (default: the CPUs this process may use, divided
+between ``WEB_CONCURRENCY`` worker processes), ``VW_ARGS`` (extra
+arguments), ``LOG_LEVEL`` (default ``INFO``).
 """
 
 import contextlib
+import gc
+import logging
 import os
 import shlex
-from typing import Any, AsyncIterator, Dict, List
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 from fastapi import FastAPI, HTTPException, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from pydantic import BaseModel, Field
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitBaseFormatter, VowpalWabbitStartupError
+from subwabbit.cpus import usable_cpus
 from subwabbit.prometheus import metrics_hook, register_pool
+
+#: The most items one request may ask to score.
+MAX_ITEMS = 20_000
+#: The longest budget a request may ask for, in milliseconds.
+MAX_TIMEOUT_MS = 1_000.0
+
+# subwabbit logs an engine's failure, its replacement and a reload's trouble
+# on the "subwabbit" logger; uvicorn sets up only its own loggers.
+logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+                    format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 class Formatter(VowpalWabbitBaseFormatter):
@@ -44,10 +65,18 @@ def vw_args(model_path: str) -> List[str]:
     return ["-i", model_path, "-t", "--quiet"] + shlex.split(os.environ.get("VW_ARGS", ""))
 
 
+def pool_size() -> Optional[int]:
+    """``POOL_SIZE``, or the usable CPUs shared between the worker processes."""
+    if os.environ.get("POOL_SIZE"):
+        return int(os.environ["POOL_SIZE"])
+    workers = int(os.environ.get("WEB_CONCURRENCY", "1") or 1)
+    return max(1, usable_cpus() // max(1, workers))
+
+
 class RecommendRequest(BaseModel):
     user: int
-    items: List[int]
-    timeout_ms: float = 10.0
+    items: List[int] = Field(max_length=MAX_ITEMS)
+    timeout_ms: float = Field(default=10.0, ge=0.0, le=MAX_TIMEOUT_MS)
 
 
 class ReloadRequest(BaseModel):
@@ -55,17 +84,23 @@ class ReloadRequest(BaseModel):
 
 
 registry = CollectorRegistry()
+items_requested = Counter("recommend_items_requested", "Items requests asked to score",
+                          registry=registry)
+items_scored = Counter("recommend_items_scored", "Items scored within their budget",
+                       registry=registry)
+empty_answers = Counter("recommend_empty_answers", "Requests answered with no score",
+                        registry=registry)
 state: Dict[str, AsyncVowpalWabbitPool] = {}
 
 
 @contextlib.asynccontextmanager
 async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-    size = int(os.environ["POOL_SIZE"]) if os.environ.get("POOL_SIZE") else None
-    pool = AsyncVowpalWabbitPool(Formatter(), vw_args(os.environ["MODEL_PATH"]), size=size,
-                                 metrics_hook=metrics_hook(registry))
+    pool = AsyncVowpalWabbitPool(Formatter(), vw_args(os.environ["MODEL_PATH"]),
+                                 size=pool_size(), metrics_hook=metrics_hook(registry))
     register_pool(pool, registry)
     async with pool:
         state["pool"] = pool
+        gc.freeze()  # what lives as long as the service: the collector skips it
         yield
 
 
@@ -77,6 +112,10 @@ async def recommend(request: RecommendRequest) -> Dict[str, Any]:
     metrics: Dict[str, Any] = {}
     scores = await state["pool"].predict({"user": request.user}, request.items,
                                          timeout=request.timeout_ms / 1000, metrics=metrics)
+    items_requested.inc(len(request.items))
+    items_scored.inc(len(scores))
+    if request.items and not scores:
+        empty_answers.inc()
     return {"scores": scores, "model_generation": metrics["model_generation"]}
 
 
@@ -87,6 +126,8 @@ async def reload(request: ReloadRequest) -> Dict[str, int]:
         await pool.reload(vw_args(request.model_path))
     except VowpalWabbitStartupError as exc:
         raise HTTPException(status_code=400, detail=f"the model did not load: {exc}") from exc
+    except ValueError as exc:  # say, a model of another kind than the one served
+        raise HTTPException(status_code=400, detail=f"the model was refused: {exc}") from exc
     return {"generation": pool.generation}
 
 
