@@ -91,7 +91,7 @@ class AsyncVowpalWabbitPool(PoolBase):
             self._start_lock = asyncio.Lock()
         async with self._start_lock:  # two tasks starting the pool start it once
             if not self._started:
-                group, engines = await self._spawn(self.argv, self.size)
+                group, engines = await self._spawn(self.argv, self.vw_args, self.size)
                 generation = self._roster.generation
                 if not self._put_in_service(engines, generation, group=group):
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
@@ -105,10 +105,10 @@ class AsyncVowpalWabbitPool(PoolBase):
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
 
-    async def _spawn(self, argv: List[str], count: int
+    async def _spawn(self, argv: List[str], vw_args: List[str], count: int
                      ) -> "tuple[EngineGroup, List[EngineProcess]]":
         self._loop = asyncio.get_running_loop()  # the loop that hears of engine exits
-        group = self._new_group(argv)
+        group = self._new_group(argv, vw_args)
         return group, await _in_executor(group, group.start, count)
 
     async def close(self, timeout: float = 30.0) -> None:
@@ -279,7 +279,7 @@ class AsyncVowpalWabbitPool(PoolBase):
     async def _start_group(self, generation: int) -> None:
         """In a forked child: start the engines of the current model."""
         try:
-            group, engines = await self._spawn(self.argv, self.size)
+            group, engines = await self._spawn(self.argv, self.vw_args, self.size)
         except VowpalWabbitError as exc:
             logger.warning("starting the pool's vw engines failed: %s", exc)
             return
@@ -307,7 +307,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         loop = asyncio.get_running_loop()
         # The model file's header is read off the event loop.
         plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
-        group, engines = await self._spawn(plan.argv, self.size)
+        group, engines = await self._spawn(plan.argv, plan.vw_args, self.size)
         idle, old_groups = self._switch_to(group, engines, plan)
         self._started = True
         self._close_later(idle, timeout)

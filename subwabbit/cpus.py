@@ -9,9 +9,12 @@ The quota is read from cgroup v2 (``cpu.max``) or v1
 cgroup and every cgroup above it, and rounded up to whole CPUs.
 """
 
+import logging
 import math
 import os
 from typing import Iterator, List, Optional, Tuple
+
+logger = logging.getLogger("subwabbit")
 
 #: Where the cgroup file systems are mounted.
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -28,7 +31,12 @@ def usable_cpus(cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/c
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    quota = cpu_quota(cgroup_root, proc_cgroup)
+    try:
+        quota = cpu_quota(cgroup_root, proc_cgroup)
+    except Exception as exc:  # pylint: disable=broad-except
+        # (an odd system's files must never stop a pool from starting)
+        logger.debug("cannot read the cgroup CPU quota: %r", exc)
+        quota = None
     if quota is not None:
         cpus = min(cpus, math.ceil(quota))
     return max(1, cpus)
@@ -39,9 +47,9 @@ def cpu_quota(cgroup_root: str = CGROUP_ROOT,
     """The smallest CPU quota (in CPUs, say ``1.5``) of the process's cgroup
     and the cgroups above it, or ``None`` when none is set or none can be read."""
     try:
-        with open(proc_cgroup, encoding="utf-8") as listing:
+        with open(proc_cgroup, encoding="utf-8", errors="surrogateescape") as listing:
             memberships = _memberships(listing.read())
-    except OSError:
+    except (OSError, ValueError):
         return None
     quotas = [quota for directory in _quota_dirs(cgroup_root, memberships)
               for quota in [_read_quota(directory)] if quota is not None]
@@ -65,15 +73,16 @@ def _quota_dirs(root: str, memberships: List[Tuple[str, str]]) -> Iterator[str]:
     the root. In a container the listed path may be the host's, which is
     not mounted there: its own cgroup is then the mount's root."""
     for controllers, path in memberships:
-        if controllers == "":
-            mounts = [root, os.path.join(root, "unified")]
+        if controllers == "":  # v2: the unified hierarchy (beside v1's on hybrid systems)
+            mounts, marker = [root, os.path.join(root, "unified")], "cgroup.controllers"
         elif "cpu" in controllers.split(","):
             mounts = [os.path.join(root, controllers), os.path.join(root, "cpu"),
                       os.path.join(root, "cpu,cpuacct")]
+            marker = "cpu.cfs_period_us"
         else:
             continue
         for mount in mounts:
-            if not os.path.isdir(mount):
+            if not os.path.isfile(os.path.join(mount, marker)):
                 continue
             relative = path.strip("/")
             if relative and not os.path.isdir(os.path.join(mount, relative)):
@@ -92,14 +101,14 @@ def _read_quota(directory: str) -> Optional[float]:
         with open(os.path.join(directory, "cpu.max"), encoding="ascii") as v2:
             quota, _, period = v2.read().strip().partition(" ")
         return None if quota == "max" else _ratio(quota, period or "100000")
-    except OSError:
+    except (OSError, ValueError):
         pass
     try:
         with open(os.path.join(directory, "cpu.cfs_quota_us"), encoding="ascii") as v1_quota:
             quota = v1_quota.read().strip()
         with open(os.path.join(directory, "cpu.cfs_period_us"), encoding="ascii") as v1_period:
             period = v1_period.read().strip()
-    except OSError:
+    except (OSError, ValueError):
         return None
     return _ratio(quota, period)
 

@@ -22,7 +22,7 @@ from .core.kinds import PredictionKind
 from .engine_process import EngineProcess, lower_for_exit, threads_of
 from .errors import VowpalWabbitError, VowpalWabbitStartupError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
-from .model_file import FileIdentity, file_identity, model_file_path
+from .model_file import FileIdentity, file_identity
 from .sync_driver import check_answers_probe, start_engine, warm_up
 
 logger = logging.getLogger("subwabbit")
@@ -55,13 +55,17 @@ class EngineGroup:
     :param on_engine_exit: called with the pid of a forked engine that
         ended, as soon as its fork server reports it (on the thread that
         reads the server's messages: it must not block)
+    :param model_path: the model file the engines load (``-i`` of the vw
+        arguments; see :func:`~subwabbit.model_file.model_file_path`): no
+        engine of the group loads another file found at that path later
     """
 
     def __init__(self, argv: List[str], startup_timeout_s: float, share_weights: bool,
                  outputs_per_line: int = 1, kind: Optional[PredictionKind] = None,
                  low_priority: bool = False,
                  warm_up_lines: Optional[Callable[[], Optional[Sequence[str]]]] = None,
-                 on_engine_exit: Optional[Callable[[int], None]] = None) -> None:
+                 on_engine_exit: Optional[Callable[[int], None]] = None, *,
+                 model_path: Optional[str] = None) -> None:
         self.argv = argv
         self.startup_timeout_s = startup_timeout_s
         self.outputs_per_line = outputs_per_line
@@ -71,12 +75,15 @@ class EngineGroup:
         self._on_engine_exit = on_engine_exit
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
-        #: guards :attr:`server` while a replacement starts a new one
+        #: guards :attr:`server` and the closing (held only briefly)
         self._server_lock = threading.Lock()
+        #: held while a replacement starts a new fork server (see
+        #: :meth:`_server_for_replacement`)
+        self._restart_lock = threading.Lock()
         self._closed = False
         #: the model file the engines load, and which file was there when
         #: they loaded it (see :meth:`_check_model_file`)
-        self._model_path = model_file_path(argv)
+        self._model_path = model_path
         self._model_file: Optional[FileIdentity] = None
 
     @property
@@ -140,35 +147,42 @@ class EngineGroup:
         return server
 
     def _server_for_replacement(self) -> Optional[ForkServer]:
-        """The fork server a replacement is forked from: a new one if the
-        last died, so that replacements go on sharing one copy of the model
-        and reporting their exits (``None``: start a copy)."""
-        with self._server_lock:
-            dead = self.server
-            if dead is None or not dead.died or self._closed:
-                return dead if dead is not None and not dead.closed else None
-            self.server = None
-        dead.close(0.0)  # it has ended: this reaps it
-        server = self._start_server()
-        if server is not None:
+        """The fork server a replacement is forked from (``None``: the
+        engines load a copy each). If the last one died, a new one is
+        started, one at a time: a replacement due meanwhile waits for it and
+        forks from it too, so that replacements go on sharing one copy of the
+        model and having their exits reported.
+
+        :raises VowpalWabbitError: when the group was closed (the pool closed
+            or moved to another model) before or while the server started
+        """
+        with self._restart_lock:
+            with self._server_lock:
+                self._raise_if_closed()
+                dead = self.server
+                if dead is None or not dead.died:
+                    return dead
+                self.server = None
+            dead.close(0.0)  # it has ended: this reaps it
+            server = self._start_server()
+            if server is None:
+                return None
             try:
                 self._check_model_file("the pool's first fork server loaded it")
-            except VowpalWabbitStartupError:
+                with self._server_lock:
+                    self._raise_if_closed()
+                    self.server = server
+            except BaseException:
                 server.close()
                 raise
-        with self._server_lock:
-            if server is not None and (self._closed or self.server is not None):
-                # The group closed meanwhile (or another replacement restarted it first).
-                closing, server = server, None
-            else:
-                self.server = server
-                closing = None
-        if closing is not None:
-            closing.close()
-            return self.server if not self._closed else None
-        if server is not None:
-            logger.warning("started a new fork server for the pool: vw[%s]", server.pid)
+        logger.warning("started a new fork server for the pool: vw[%s]", server.pid)
         return server
+
+    def _raise_if_closed(self) -> None:
+        if self._closed:
+            raise VowpalWabbitError("the engines of this model were closed (the pool closed "
+                                    "or serves another model): no replacement is started",
+                                    argv=self.argv)
 
     def _check_model_file(self, when: str) -> None:
         """Refuse to serve a model file other than the one the group's
@@ -190,7 +204,10 @@ class EngineGroup:
         :raises VowpalWabbitStartupError: when it cannot start, or when it
             would load a model file other than the group's first engines did
         """
-        if self.server is None or self.server.died:  # it loads the model from the file
+        with self._server_lock:
+            self._raise_if_closed()
+            loads_the_file = self.server is None or self.server.died
+        if loads_the_file:
             self._check_model_file("the pool's engines loaded it")
         server = self._server_for_replacement()
         if server is None:
@@ -262,7 +279,9 @@ class EngineGroup:
 
     def abandon_in_fork(self) -> None:
         """In a forked client process: let go of the server without touching it."""
-        self._server_lock = threading.Lock()  # (another thread may have held it at the fork)
+        # (threads of the parent may have held them at the fork)
+        self._server_lock = threading.Lock()
+        self._restart_lock = threading.Lock()
         server, self.server = self.server, None
         if server is not None:
             server.abandon_in_fork()

@@ -58,15 +58,17 @@ def model_file_path(vw_args: Sequence[str]) -> Optional[str]:
 
 
 #: What tells one model file from another written at the same path later.
-FileIdentity = Tuple[int, int, int, int]
+FileIdentity = Tuple[int, int, int]
 
 
 def file_identity(path: Optional[str]) -> Optional[FileIdentity]:
-    """The device, inode, size and modification time of the file at
-    ``path`` (following links), or ``None`` without a path or a file there.
+    """The inode, size and modification time of the file at ``path``
+    (following links), or ``None`` without a path or a file there.
 
     A new file moved over the path (a rename, a link repointed) has another
-    inode; one written over in place another size or modification time.
+    inode; one written over in place another size or modification time. The
+    device is left out: a network file system mounted again (autofs) gets
+    another device number for the same file.
     """
     if not path:
         return None
@@ -74,7 +76,7 @@ def file_identity(path: Optional[str]) -> Optional[FileIdentity]:
         stat = os.stat(path)
     except (OSError, ValueError):
         return None
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def saved_options(path: str) -> Optional[List[str]]:

@@ -109,7 +109,7 @@ class VowpalWabbitPool(PoolBase):
                              restart_after_fork=restart_after_fork, share_weights=share_weights,
                              prediction_type=prediction_type,
                              low_priority_engines=low_priority_engines)
-        group, engines = self._spawn(self.argv, self.size)
+        group, engines = self._spawn(self.argv, self.vw_args, self.size)
         self._groups[0] = group
         for engine in engines:
             self._roster.add(engine, 0, self._channel_for(engine))
@@ -122,8 +122,9 @@ class VowpalWabbitPool(PoolBase):
     def _changed(self) -> None:
         self._cond.notify_all()
 
-    def _spawn(self, argv: List[str], count: int) -> "tuple[EngineGroup, List[EngineProcess]]":
-        group = self._new_group(argv)
+    def _spawn(self, argv: List[str], vw_args: List[str], count: int
+               ) -> "tuple[EngineGroup, List[EngineProcess]]":
+        group = self._new_group(argv, vw_args)
         return group, group.start(count)
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
@@ -246,7 +247,7 @@ class VowpalWabbitPool(PoolBase):
             pool keeps serving the old model
         """
         plan, timeout = self._check_reload(timeout, vw_args)
-        group, engines = self._spawn(plan.argv, self.size)
+        group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
         with self._cond:
             idle, old_groups = self._switch_to(group, engines, plan)
         self._close_later(idle, timeout)
@@ -272,7 +273,7 @@ class VowpalWabbitPool(PoolBase):
             self._owner_pid = os.getpid()
             self._restart_count += 1
             generation = self._roster.generation
-            self._groups = {generation: self._new_group(self.argv)}
+            self._groups = {generation: self._new_group(self.argv, self.vw_args)}
         threading.Thread(target=self._start_group, args=(generation,),
                          name="subwabbit-pool-start", daemon=True).start()
 

@@ -31,6 +31,7 @@ from .deadlines import deadline_from_timeout, required_seconds, warn_if_millisec
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
+from .model_file import model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
 from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump
 
@@ -497,8 +498,9 @@ class PoolBase(ClientBase):
                        "; starting a replacement" if replacing else "")
 
 
-    def _new_group(self, argv: List[str]) -> EngineGroup:
-        """The engines of one model, started with ``argv``."""
+    def _new_group(self, argv: List[str], vw_args: List[str]) -> EngineGroup:
+        """The engines of one model, started with ``argv`` (the engine
+        command and ``vw_args``)."""
         # The group (and its fork server's reader thread) hold the pool only
         # weakly: a pool dropped without close() is released, and its
         # engines with it, as soon as nothing else refers to it.
@@ -515,7 +517,7 @@ class PoolBase(ClientBase):
 
         return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
                            self._outputs_per_line, self._probe_kind, self.low_priority_engines,
-                           warm_up_lines, engine_exited)
+                           warm_up_lines, engine_exited, model_path=model_file_path(vw_args))
 
     def _engine_exited(self, pid: int) -> None:
         """A fork server reported that its engine ``pid`` ended (called on

@@ -313,8 +313,8 @@ def test_tasks_starting_the_pool_at_once_start_it_once(trained_model, truth):
         groups = []
         new_group = pool._new_group
 
-        def counting(argv):
-            groups.append(new_group(argv))
+        def counting(argv, vw_args):
+            groups.append(new_group(argv, vw_args))
             return groups[-1]
 
         pool._new_group = counting

@@ -90,8 +90,8 @@ def test_a_reload_whose_fork_server_is_stopped_never_blocks_the_loop(trained_mod
         new_group = pool._new_group
         abandoned = threading.Event()
 
-        def group_whose_server_stops(argv):
-            group = new_group(argv)
+        def group_whose_server_stops(argv, vw_args):
+            group = new_group(argv, vw_args)
             start = group.start
 
             def start_then_stop(count):  # on the loop's executor

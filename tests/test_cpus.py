@@ -26,8 +26,14 @@ def listing(tmp_path, text):
     return str(tmp_path / "proc-cgroup")
 
 
-def test_v2_quota_of_the_process_cgroup(tmp_path):
+def v2_root(tmp_path):
     root = tmp_path / "cg"
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    return root
+
+
+def test_v2_quota_of_the_process_cgroup(tmp_path):
+    root = v2_root(tmp_path)
     write(root / "cpu.max", "max 100000\n")
     write(root / "kubepods" / "pod1" / "cpu.max", "150000 100000\n")
     proc = listing(tmp_path, "0::/kubepods/pod1\n")
@@ -35,7 +41,7 @@ def test_v2_quota_of_the_process_cgroup(tmp_path):
 
 
 def test_v2_the_smallest_quota_on_the_way_up_applies(tmp_path):
-    root = tmp_path / "cg"
+    root = v2_root(tmp_path)
     write(root / "a" / "cpu.max", "100000 100000\n")
     write(root / "a" / "b" / "cpu.max", "max 100000\n")
     write(root / "a" / "b" / "c" / "cpu.max", "400000 100000\n")
@@ -44,9 +50,26 @@ def test_v2_the_smallest_quota_on_the_way_up_applies(tmp_path):
 
 def test_v2_in_a_container_the_host_path_is_not_mounted(tmp_path):
     # The container sees its own cgroup as the mount's root.
-    root = tmp_path / "cg"
+    root = v2_root(tmp_path)
     write(root / "cpu.max", "200000 100000\n")
     assert cpu_quota(str(root), listing(tmp_path, "0::/docker/0123abcd\n")) == 2.0
+
+
+def test_v2_beside_v1_on_a_hybrid_system(tmp_path):
+    # cgroup v1 mounted at the root (a tmpfs), v2 at unified/
+    root = tmp_path / "cg"
+    write(root / "unified" / "cgroup.controllers", "\n")
+    write(root / "unified" / "svc" / "cpu.max", "300000 100000\n")
+    assert cpu_quota(str(root), listing(tmp_path, "1:cpu:/\n0::/svc\n")) == 3.0
+
+
+def test_odd_bytes_in_the_files_give_no_quota_and_no_error(tmp_path):
+    root = v2_root(tmp_path)
+    (root / "caf\xe9").mkdir()
+    (root / "cpu.max").write_bytes(b"\xff\xfe 100000\n")
+    (tmp_path / "proc-cgroup").write_bytes(b"0::/caf\xe9\n")
+    assert cpu_quota(str(root), str(tmp_path / "proc-cgroup")) is None
+    assert usable_cpus(str(root), str(tmp_path / "proc-cgroup")) >= 1
 
 
 def test_v1_quota_of_the_cpu_hierarchy(tmp_path):
@@ -68,8 +91,7 @@ def test_v1_quota_of_the_cpu_hierarchy(tmp_path):
     {"cpu.max": "0 100000\n"},
 ])
 def test_no_quota(tmp_path, files):
-    root = tmp_path / "cg"
-    root.mkdir()
+    root = v2_root(tmp_path)
     for name, text in files.items():
         write(root / name, text)
     assert cpu_quota(str(root), listing(tmp_path, "0::/\n")) is None
@@ -81,7 +103,7 @@ def test_no_proc_listing(tmp_path):
 
 def test_usable_cpus_is_the_affinity_within_the_quota_rounded_up(tmp_path):
     affinity = len(os.sched_getaffinity(0))
-    root = tmp_path / "cg"
+    root = v2_root(tmp_path)
     write(root / "cpu.max", "50000 100000\n")  # half a CPU: still one engine
     proc = listing(tmp_path, "0::/\n")
     assert usable_cpus(str(root), proc) == 1

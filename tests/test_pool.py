@@ -20,7 +20,8 @@ import pytest
 from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 
-from conftest import (CyclesLeft, DictFormatter, common, in_child, items,
+from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common,
+                      in_child, items,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
                       wait_until)
 
@@ -534,6 +535,56 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
         assert pool.predict(common(0), items(3000)) == truth[trained_model][0]
 
 
+def _pool_with_a_dead_fork_server(model):
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(model), size=2)
+    server = pool._groups[0].server  # pylint: disable=protected-access
+    os.kill(server.pid, signal.SIGKILL)
+    assert wait_until(lambda: server.died)
+    return pool, server
+
+
+def test_replacements_due_together_fork_from_one_new_server(trained_model, truth):
+    pool, dead = _pool_with_a_dead_fork_server(trained_model)
+    with pool:
+        victims = pool.engine_pids()
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
+        assert all(process_gone(victim) for victim in victims)
+        pool.predict(common(1), items(3000), timeout=0.5)  # finds both dead: two replacements
+        assert wait_until(lambda: pool.stats()["engines"] == 2, 60)
+        server = pool._groups[0].server  # pylint: disable=protected-access
+        assert server is not None and server.pid != dead.pid
+        # both forked by the one new server: no engine loaded a copy of its own
+        assert [int(proc_stat(pid)[1]) for pid in pool.engine_pids()] == [server.pid] * 2
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
+def test_a_server_restart_that_the_close_overtakes_starts_nothing(trained_model, monkeypatch,
+                                                                    caplog):
+    import subwabbit.engine_group as engine_group  # pylint: disable=import-outside-toplevel
+    before = set(children_of_this_process())
+    pool, _ = _pool_with_a_dead_fork_server(trained_model)
+    restarting = threading.Event()
+
+    class SlowServer(engine_group.ForkServer):
+        def __init__(self, *args, **kwargs):
+            restarting.set()
+            time.sleep(1.0)  # the close comes while the new server starts
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine_group, "ForkServer", SlowServer)
+    victim = pool.engine_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    assert process_gone(victim)
+    with caplog.at_level(logging.WARNING, logger="subwabbit"):
+        pool.predict(common(1), items(300), timeout=0.5)
+        assert restarting.wait(10)
+        pool.close(timeout=5)
+        # the restart finishes, finds the group closed, stops its server, starts no engine
+        assert wait_until(lambda: "no replacement is started" in caplog.text, 30)
+    assert wait_until(lambda: not set(children_of_this_process()) - before, 10)
+
+
 @pytest.mark.parametrize("share", [False, True])
 def test_no_replacement_loads_a_model_file_written_over_the_served_one(
         trained_model, second_model, truth, tmp_path, caplog, share):
@@ -556,7 +607,10 @@ def test_no_replacement_loads_a_model_file_written_over_the_served_one(
             os.kill(victim, signal.SIGKILL)
             assert process_gone(victim)
             assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
-            assert wait_until(lambda: "changed since" in caplog.text, 30)
+            # (Each call takes dead engines out and has them replaced.)
+            assert wait_until(lambda: "changed since" in caplog.text or not pool.predict(
+                common(2), items(300)) == truth[trained_model][2][:300], 30), \
+                (pool.stats(), [slot.engine.describe() for slot in pool._roster.slots])  # pylint: disable=protected-access
         assert "replacement" in caplog.text and "reload() the pool" in caplog.text
         assert pool.stats()["engines"] == 1 and pool.stats()["engines_replaced"] == 0
         for user in (3, 4):

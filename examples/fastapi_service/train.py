@@ -3,7 +3,9 @@
 Run it from this folder: ``python train.py /models/current.vw``
 (``--flip`` trains the opposite preferences, to see a reload change the
 scores). A real model learns from logged impressions and clicks; this one
-learns that users like items whose number has the parity of their own.
+is shown every third item and learns that user ``u`` likes item ``i`` when
+``u + i`` is odd (``--flip``: even). Items it was never shown get about the
+same score from every user.
 """
 
 import argparse
