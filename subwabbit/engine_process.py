@@ -196,9 +196,15 @@ class EngineProcess:
             self.proc = proc
         else:
             try:
+                # In a session of its own: the terminal's ^C (or a signal to the
+                # client's process group) reaches the client, which closes the
+                # engine when it is done, and not the engine under a call that
+                # a graceful shutdown still serves. An engine whose client died
+                # ends all the same: its input closes.
                 self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                     self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, bufsize=0, env=env, pass_fds=tuple(pass_fds))
+                    stderr=subprocess.PIPE, bufsize=0, env=env, pass_fds=tuple(pass_fds),
+                    start_new_session=True)
             except OSError as exc:
                 raise VowpalWabbitStartupError(
                     f"cannot run the vw engine {self.argv[0]!r}: {exc}", argv=self.argv) from exc
