@@ -30,7 +30,7 @@ from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT
                           check_deadline_settings)
 from .saving import ModelSave
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, pump,
-                       startup_probe)
+                       startup_probe, torn_channel_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -540,6 +540,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         cancels_before = _cancel_requests()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._channel is not None and self._channel.torn and self._broken is None:
+            # a call was interrupted between a read or write and its bookkeeping
+            self._broken = torn_channel_error()
         if self._engine is not None and self._broken is None:
             return True
         if self._engine is None and self._in_forked_child():

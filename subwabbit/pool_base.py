@@ -33,7 +33,7 @@ from .engine_process import EngineProcess
 from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
 from .model_file import model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
-from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump
+from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump, torn_channel_error
 
 logger = logging.getLogger("subwabbit")
 
@@ -845,6 +845,10 @@ class PoolBase(ClientBase):
         # went to it, the replacement started meanwhile).
         found: "List[tuple[Slot, Optional[BaseException]]]" = [
             (slot, None) for slot in self._take_out_dead_now()]
+        # A call interrupted between a read or write and its bookkeeping left
+        # its engine's channel torn: nobody knows which answer is whose.
+        found += [(slot, torn_channel_error()) for slot in list(self._roster.slots)
+                  if not slot.held and slot.channel.torn and self._take_out_now(slot)]
         for slot in self._roster.stuck(_clock(), self.io_timeout_s):
             error: BaseException
             try:

@@ -29,7 +29,7 @@ from .lines import check_line, parse_scalar
 from .saving import ModelSave
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
-from .transfer import ENGINE_FAILURES
+from .transfer import ENGINE_FAILURES, torn_channel_error
 
 logger = logging.getLogger("subwabbit")
 
@@ -230,6 +230,15 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     # -------------------------------------------------------- call control
 
+    def _fail_if_torn(self) -> None:
+        """An engine whose channel a call left torn (interrupted between a
+        read or write and its bookkeeping) has failed: the next call restarts
+        it or raises, as after a crash. Asked only by the thread that holds
+        the process: another thread's call changes the channel meanwhile."""
+        channel = self._channel
+        if channel is not None and channel.torn and self._broken is None:
+            self._fail(torn_channel_error())
+
     def _engine_or_raise(self) -> Tuple[EngineProcess, Channel]:
         engine, channel = self._engine, self._channel
         if self._closed:
@@ -362,6 +371,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 return None
             raise self._busy_error(waited)
         try:
+            self._fail_if_torn()
             if not self._ensure_engine(deadline, metrics):
                 if quiet_deadline and deadline is not None:
                     self._end_turn(token)

@@ -21,6 +21,14 @@ _clock = time.perf_counter
 ENGINE_FAILURES = (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
                    VowpalWabbitTimeoutError)
 
+def torn_channel_error() -> VowpalWabbitProtocolError:
+    """The failure of an engine whose channel is :attr:`~subwabbit.core.channel.Channel.torn`."""
+    return VowpalWabbitProtocolError(
+        "a call was interrupted (by a KeyboardInterrupt, say) while it moved lines to or from "
+        "the vw engine: which answer is whose is no longer known, so the engine serves no "
+        "other call")
+
+
 #: The longest an event-loop driver works without giving the loop a turn.
 YIELD_AFTER_S = 0.0005
 
@@ -52,9 +60,8 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
                 detailed["sending_bytes"].append((now, written))
     if read and engine.prints_answers:
         began = _clock() if detailed is not None else 0.0
-        data = engine.read_some(status_deadline)
+        data = channel.read_with(engine.read_some, status_deadline)
         if data:
-            channel.receive(data)
             moved = True
         if detailed is not None:
             now = _clock()

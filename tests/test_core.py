@@ -224,6 +224,71 @@ def test_write_with_releases_the_buffer_even_when_the_write_raises():
     assert channel.unwritten_bytes == 0
 
 
+@pytest.mark.parametrize("where", ["write", "read"])
+def test_an_interrupt_between_moving_bytes_and_counting_them_leaves_the_channel_torn(where):
+    # A KeyboardInterrupt lands between any two bytecodes: after the system
+    # call took or gave bytes and before the channel counted them, who is
+    # owed which answer is unknown. The channel says so instead of guessing.
+    channel = Channel()
+    engine = SimulatedEngine(rng=random.Random(3))
+    call = channel.begin()
+    call.queue_lines([f"|x {n}" for n in range(50)])
+    assert not channel.torn
+
+    def write(view):
+        taken = len(view)
+        engine.pending_in += bytes(view)
+        *lines, engine.pending_in = engine.pending_in.split(b"\n")
+        engine.out += b"".join(line.split()[-1] + b"\n" for line in lines)
+        if where == "write":
+            raise KeyboardInterrupt  # the bytes went; the count did not
+        return taken
+
+    def read(deadline):
+        data, engine.out = engine.out, b""
+        if where == "read":
+            raise KeyboardInterrupt  # the bytes came; nobody got them
+        return data
+
+    with pytest.raises(KeyboardInterrupt):
+        channel.write_with(write)
+        channel.read_with(read)
+    assert channel.torn
+
+
+def test_an_exception_outside_the_channels_changes_leaves_it_exact():
+    # A formatter's exception (or one in the caller's loop between two
+    # predictions) comes between the channel's changes: the next call is exact.
+    channel = Channel()
+    engine = SimulatedEngine(rng=random.Random(4))
+
+    class Interrupting(NumberFormatter):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            if item_features == 120:
+                raise KeyboardInterrupt
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    pacing = Pacing(batch_size=10, max_in_flight_lines=30, hard_deadline=True)
+    exchange = PredictExchange(channel, channel.begin(), formatter=Interrupting(),
+                               common_part="|c", common_features=None, items=range(200),
+                               debug_info=None, parse=parse, pacing=pacing, deadline=None,
+                               idle_s=None)
+    with pytest.raises(KeyboardInterrupt):
+        while True:
+            exchange.step(0.0)
+            pump(channel, engine)
+    exchange.end()
+    assert not channel.torn
+    after = _predict(channel, list(range(1000, 1100)), pacing)
+    got = []
+    for _ in range(10_000):
+        got += after.step(0.0)
+        if len(got) == 100:
+            break
+        pump(channel, engine)
+    assert got == list(range(1000, 1100))
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_calls_abandoned_at_random_points_each_get_their_own_answers(seed):
     rng = random.Random(seed)

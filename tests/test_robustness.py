@@ -4,6 +4,7 @@ Every test drives a real engine (or a small Python child that plays a stubborn
 one) through both process classes.
 """
 
+import asyncio
 import gc
 import logging
 import math
@@ -18,10 +19,10 @@ import warnings
 
 import pytest
 
-from subwabbit import (VowpalWabbitBusyError, VowpalWabbitDummyFormatter,
-                       VowpalWabbitEngineExitedError, VowpalWabbitError,
-                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
-                       VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBusyError,
+                       VowpalWabbitDummyFormatter, VowpalWabbitEngineExitedError,
+                       VowpalWabbitError, VowpalWabbitNonBlockingProcess, VowpalWabbitPool,
+                       VowpalWabbitProcess, VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                        common, expected_for, expected_scalars, format_lines, open_fds,
@@ -743,3 +744,109 @@ def test_an_unfinished_save_is_cleaned_up_only_once_the_engine_wrote_its_file(tm
     while os.listdir(tmp_path) and time.time() < until:
         time.sleep(0.02)
     assert os.listdir(tmp_path) == []
+
+
+_INTERRUPTED_SERVICE = r'''
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitPool
+from conftest import DictFormatter, common, items, scoring_args
+model, what = sys.argv[1], sys.argv[2]
+if what == "nonblocking":
+    client = VowpalWabbitNonBlockingProcess(DictFormatter(), scoring_args(model))
+    predict = lambda user, timeout: list(client.predict(common(user), items(300), timeout=timeout))
+else:
+    client = VowpalWabbitPool(DictFormatter(), scoring_args(model), size=int(what))
+    predict = lambda user, timeout: client.predict(common(user), items(300), timeout=timeout)
+# As uvicorn and gunicorn do: the signal asks for a graceful shutdown.
+import signal
+stopping = []
+signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+print("ready", flush=True)
+while not stopping:
+    predict(1, 0.05)
+# the graceful shutdown: what is still in flight gets answered
+print("after", [len(predict(2, 0.5)) for _ in range(5)], flush=True)
+client.close()
+'''
+
+
+@pytest.mark.parametrize("what", ["nonblocking", "1", "2"])
+def test_the_terminals_ctrl_c_reaches_the_client_not_its_engines(trained_model, what):
+    # ^C in a terminal sends SIGINT to the whole foreground process group. The
+    # engines must live on until the client closes them: a service's graceful
+    # shutdown still answers the requests in flight, with no engine failing.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_SERVICE, trained_model, what],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        os.killpg(child.pid, signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert out.strip() == "after [300, 300, 300, 300, 300]", out
+    assert child.returncode == 0
+
+
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt inside an event loop (which stops on a real one)."""
+
+
+def _interrupt_after_a_read(engine, exception=KeyboardInterrupt):
+    """Have ``engine``'s next read that gets bytes raise ``exception`` once
+    they have left the pipe: a signal that lands right after the system call."""
+    real = engine.read_some
+
+    def read_some(deadline=None):
+        data = real(deadline)
+        if data:
+            engine.read_some = real
+            raise exception()
+        return data
+
+    engine.read_some = read_some
+
+
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_an_interrupt_between_a_read_and_its_bookkeeping_fails_the_engine(cls, restart,
+                                                                          trained_model, truth):
+    # The answers it read are lost: a next call on that engine would take
+    # later answers for earlier items. It is a failed engine instead.
+    with cls(DictFormatter(), scoring_args(trained_model), restart_on_crash=restart) as model:
+        _interrupt_after_a_read(model._engine)  # pylint: disable=protected-access
+        with pytest.raises(KeyboardInterrupt):
+            list(model.predict(common(1), _items(3000), timeout=5.0))
+        if restart:
+            assert list(model.predict(common(2), _items(3000))) == truth[trained_model][2]
+        else:
+            with pytest.raises(VowpalWabbitError, match="interrupted"):
+                list(model.predict(common(2), _items(3000)))
+
+
+def test_an_interrupted_pool_call_has_the_engine_it_tore_replaced(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        _interrupt_after_a_read(pool._roster.slots[0].engine)  # pylint: disable=protected-access
+        with pytest.raises(KeyboardInterrupt):
+            pool.predict(common(1), _items(3000), timeout=5.0)
+        for user in (2, 3):
+            assert pool.predict(common(user), _items(3000)) == truth[trained_model][user]
+        assert pool.stats()["engine_failures"] == 1
+
+
+def test_an_interrupted_asyncio_call_fails_the_engine(trained_model, truth):
+    async def main():
+        async with AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                            restart_on_crash=True) as model:
+            await model.predict(common(0), _items(10))
+            _interrupt_after_a_read(model._engine, _Interrupt)  # pylint: disable=protected-access
+            with pytest.raises(_Interrupt):
+                await model.predict(common(1), _items(3000), timeout=5.0)
+            return await model.predict(common(2), _items(3000))
+
+    assert asyncio.run(main()) == truth[trained_model][2]

@@ -219,6 +219,23 @@ class Channel:
         #: bytes written and received so far (progress counts)
         self.bytes_written = 0
         self.bytes_received = 0
+        #: changes of the channel under way: one that an exception cut short
+        #: leaves it above 0 (see :attr:`torn`)
+        self._changing = 0
+
+    @property
+    def torn(self) -> bool:
+        """Whether a change of the channel was cut short by an exception:
+        one raised between a driver's read or write and the bookkeeping of
+        what it moved (a ``KeyboardInterrupt`` lands between any two
+        bytecodes), or inside the bookkeeping itself. Who is owed which
+        answer is then unknown, and the engine must not serve another call.
+
+        Exceptions the channel raises on purpose leave it torn too; those
+        end the engine anyway (:class:`~subwabbit.errors.VowpalWabbitProtocolError`).
+        An exception from outside a change (a formatter's, a caller's
+        between two predictions) leaves it exact."""
+        return self._changing > 0
 
     # ----------------------------------------------------------------- calls
 
@@ -232,11 +249,13 @@ class Channel:
 
         :param keep: keep the answers to the call's examples (``False``: discard them)
         """
+        self._changing += 1
         if self._current is not None:
             self._current.superseded = True
             self.end(self._current)
         call = Call(self, keep)
         self._current = call
+        self._changing -= 1
         return call
 
     def abandon(self, reason: str) -> None:
@@ -244,14 +263,17 @@ class Channel:
         (its engine replaced or closed): the call raises ``reason`` if its
         caller goes on with it."""
         if self._current is not None:
+            self._changing += 1
             self._current.ended_because = reason
             self.end(self._current)
+            self._changing -= 1
 
     def end(self, call: Call) -> None:
         """End ``call``: forget its lines that never reached the engine, and
         discard the answers it is still owed. Idempotent."""
         if not call.active:
             return
+        self._changing += 1
         call.active = False
         if self._current is call:
             self._current = None
@@ -262,11 +284,13 @@ class Channel:
                 self.stale_lines += segment.examples_owed(self.outputs_per_line)
         call.owed_lines = 0
         call.answers = []
+        self._changing -= 1
 
     def forget_unwritten(self, call: Call) -> None:
         """Forget the examples at the end of the input that ``call`` queued
         and no byte of which has been written (a partly written example is
         kept whole): they will never reach the engine, so nothing is owed for them."""
+        self._changing += 1
         written = self._out_base + self._out_off
         segments = self._segments
         per_line = self.outputs_per_line
@@ -300,8 +324,10 @@ class Channel:
             if partly_written:
                 break
         self._pop_settled()
+        self._changing -= 1
 
     def _queue(self, call: Call, kind: str, data: bytes, lines: int, whole: bool = False) -> None:
+        self._changing += 1
         start = self._out_base + len(self._out)
         self._out += data
         per_line = self.outputs_per_line
@@ -310,6 +336,7 @@ class Channel:
         if owed:
             self.in_flight_lines += lines
             call.owed_lines += lines
+        self._changing -= 1
 
     # ------------------------------------------------------------- writing
 
@@ -330,10 +357,12 @@ class Channel:
         """
         if self._out_off >= len(self._out):
             return 0
+        self._changing += 1  # from before the write: what it wrote must be counted
         with memoryview(self._out) as whole, whole[self._out_off:] as view:
             written = write(view)
         if written:
             self._wrote(written)
+        self._changing -= 1
         return written
 
     def _wrote(self, count: int) -> None:
@@ -366,6 +395,21 @@ class Channel:
         """Whether the engine owes any output line."""
         return self.in_flight_lines > 0
 
+    def read_with(self, read: Callable[[Optional[float]], bytes],
+                  deadline: Optional[float] = None) -> bytes:
+        """Take what ``read(deadline)`` (the driver's non-blocking read)
+        returns, as :meth:`receive` does: a read whose bytes an exception
+        kept from :meth:`receive` leaves the channel :attr:`torn`.
+
+        :returns: the bytes read (empty: nothing was there)
+        """
+        self._changing += 1  # from before the read: what it read must be handed out
+        data = read(deadline)
+        if data:
+            self.receive(data)
+        self._changing -= 1
+        return data
+
     def receive(self, data: bytes) -> int:
         """Take bytes the engine printed and hand each complete line to its owner.
 
@@ -374,14 +418,15 @@ class Channel:
         :raises VowpalWabbitProtocolError: when the engine printed a line nobody
             is owed (the stream can no longer be matched to the calls)
         """
+        self._changing += 1
         self.bytes_received += len(data)
         if self._partial:
             data = self._partial + data
         lines = data.split(b"\n")
         self._partial = lines.pop()
-        if not lines:
-            return 0
-        self._hand_out(lines)
+        if lines:
+            self._hand_out(lines)
+        self._changing -= 1
         return len(lines)
 
     def _hand_out(self, lines: List[bytes]) -> None:
