@@ -786,7 +786,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 _abort_off_loop(engine)
                 raise
             old = None if self._in_forked_child() else self._engine
-            failed = self._broken is not None
+            failed = self._broken is not None or (self._channel is not None
+                                                  and self._channel.torn)
             self._reloaded(plan)
             restarts = self._restart_count
             self._adopt(engine)

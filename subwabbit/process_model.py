@@ -532,6 +532,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if self._closed:
                 engine.abort()
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            self._fail_if_torn()  # (then the old engine is closed as a failed one)
             if self._replacement is not None:
                 self._replacement.cancel(timeout)
                 self._replacement = None

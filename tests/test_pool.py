@@ -941,3 +941,49 @@ def test_reload_with_an_infinite_timeout_closes_the_old_engines(trained_model, s
             assert process_gone(pid)
     finally:
         pool.close()
+
+
+def test_a_running_call_never_takes_an_engine_an_interrupted_call_tore(trained_model, truth):
+    # Two threads: call A, interrupted while it wrote to its engine, gives it
+    # back torn while call B runs; B must not take it when it rebalances
+    # (a review found B's answers shifted onto other items: 1,100 of 3,000).
+    from test_robustness import _Interrupt  # pylint: disable=import-outside-toplevel
+
+    class Slow(DictFormatter):  # B is still dealing when A gives its engine back
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            time.sleep(0.00005)
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    with VowpalWabbitPool(Slow(), scoring_args(trained_model), size=2) as pool:
+        torn, other = pool._roster.slots  # pylint: disable=protected-access
+        roster = pool._roster  # pylint: disable=protected-access
+        with pool._state_lock():  # pylint: disable=protected-access
+            roster.take(other)  # A is served by `torn` alone
+        real = torn.engine.write_some
+
+        def write_some(view, deadline=None):
+            written = real(view, deadline)
+            if written:
+                torn.engine.write_some = real
+                raise _Interrupt()  # the bytes went; the count did not
+            return written
+
+        torn.engine.write_some = write_some
+        with pytest.raises(_Interrupt):
+            pool.predict(common(1), items(3000), timeout=5.0)
+        assert torn.channel.torn
+        with pool._state_lock():  # pylint: disable=protected-access
+            roster.take(torn)  # as if A still held it when B began
+            roster.give_back(other)
+        got = {}
+        thread = threading.Thread(target=lambda: got.update(b=pool.predict(common(2), items(3000))))
+        thread.start()
+        time.sleep(0.02)
+        with pool._state_lock():  # pylint: disable=protected-access
+            roster.give_back(torn)  # A's end gives it back, torn
+            roster.version += 1
+            pool._changed()  # pylint: disable=protected-access
+        thread.join(30)
+        assert got["b"] == truth[trained_model][2]
+        assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
+        assert torn.engine.closed or torn not in roster.slots

@@ -131,8 +131,11 @@ class Roster:
 
     def free(self, generation: int) -> List[Slot]:
         """Free engines of ``generation``, those with the least left in
-        flight by earlier calls first."""
-        free = [slot for slot in self.slots if slot.generation == generation and not slot.held]
+        flight by earlier calls first. An engine whose channel an interrupted
+        call left :attr:`~subwabbit.core.channel.Channel.torn` is never free:
+        the next call that starts has it replaced."""
+        free = [slot for slot in self.slots if slot.generation == generation and not slot.held
+                and not slot.channel.torn]
         free.sort(key=lambda slot: slot.channel.in_flight_lines)
         return free
 

@@ -412,6 +412,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Behave like a C program: die quietly when the reader goes away or on ^C.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The client starts it in a process group of its own. When its parent
+    # ends (a fork server closed after a reload), the group is orphaned, and
+    # a member that is stopped then (a debugger, SIGSTOP) gets SIGHUP from the
+    # kernel: it must not die of it. It ends when its input closes.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         import pylibvw  # pylint: disable=import-outside-toplevel,import-error
     except ImportError as exc:
