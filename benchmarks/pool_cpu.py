@@ -81,11 +81,13 @@ def measure_pool(pool: VowpalWabbitPool, workload: Workload, calls: int, timeout
     gc.disable()
     try:
         engine_cpu, engine_bytes = sum(map(run_seconds, pids)), sum(map(bytes_read, pids))
-        client_cpu, returned = time.thread_time(), 0
+        client_cpu, returned, hedged = time.thread_time(), 0, 0
+        metrics: Dict[str, Any] = {}
         for call in range(calls):
             index = call % requests
             returned += len(pool.predict(workload.requests[index], workload.candidates[index],
-                                         timeout=timeout))
+                                         timeout=timeout, metrics=metrics))
+            hedged += metrics["hedged_lines"]
         client_cpu = time.thread_time() - client_cpu
         engine_cpu = sum(map(run_seconds, pids)) - engine_cpu
         engine_lines = (sum(map(bytes_read, pids)) - engine_bytes) / line_bytes
@@ -95,6 +97,8 @@ def measure_pool(pool: VowpalWabbitPool, workload: Workload, calls: int, timeout
     return {"predictions_per_call": returned / calls,
             "client_us_per_prediction": client_cpu / max(returned, 1) * 1e6,
             "engine_lines_per_call": engine_lines / calls,
+            # lines dealt to a second engine when the first went quiet
+            "hedged_lines_per_call": hedged / calls,
             "engine_us_per_line": engine_cpu / max(engine_lines, 1) * 1e6,
             "engine_us_per_prediction": engine_cpu / max(returned, 1) * 1e6}
 
@@ -176,6 +180,7 @@ def run(options: argparse.Namespace) -> Dict[str, Any]:
 _COLUMNS = [("predictions_per_call", "pred/call", ".0f"),
             ("client_us_per_prediction", "client µs/pred", ".2f"),
             ("engine_us_per_line", "pool engines µs/line", ".2f"),
+            ("hedged_lines_per_call", "hedged lines/call", ".0f"),
             ("alone_us_per_line", "alone µs/line", ".2f"),
             ("two_at_once_us_per_line", "two at once µs/line", ".2f"),
             ("in_pool_vs_alone", "in pool / alone", ".2f")]

@@ -148,25 +148,38 @@ class EngineGroup:
 
     def _server_for_replacement(self) -> Optional[ForkServer]:
         """The fork server a replacement is forked from (``None``: the
-        engines load a copy each). If the last one died, a new one is
-        started, one at a time: a replacement due meanwhile waits for it and
-        forks from it too, so that replacements go on sharing one copy of the
-        model and having their exits reported.
+        engines load a copy each). If the last one ended, or stopped
+        answering forks (a late answer would be taken for the next fork's),
+        it is stopped and a new one started, one at a time: a replacement
+        due meanwhile waits for it and forks from it too, so that
+        replacements go on sharing one copy of the model and having their
+        exits reported. When the new one cannot start, the old one stays
+        recorded, and the next replacement tries again.
 
+        :raises VowpalWabbitStartupError: when the new server cannot start,
+            or another model file is at the path now (checked before and
+            after it loads: nothing is loaded for a file the group would refuse)
         :raises VowpalWabbitError: when the group was closed (the pool closed
             or moved to another model) before or while the server started
         """
         with self._restart_lock:
             with self._server_lock:
                 self._raise_if_closed()
-                dead = self.server
-                if dead is None or not dead.died:
-                    return dead
-                self.server = None
-            dead.close(0.0)  # it has ended: this reaps it
+                old = self.server
+            if old is None or not old.closed:
+                return old
+            self._check_model_file("the pool's engines loaded it")
+            if not old.died:
+                logger.warning("the pool's fork server vw[%s] did not answer a fork within "
+                               "%g s: stopping it and starting a new one", old.pid,
+                               self.startup_timeout_s)
+            old.close(0.0)  # reaps one that ended, kills one that is stuck
             server = self._start_server()
-            if server is None:
-                return None
+            with self._server_lock:
+                if server is None:  # the model needs vw's own driver after all
+                    if self.server is old:
+                        self.server = None
+                    return None
             try:
                 self._check_model_file("the pool's first fork server loaded it")
                 with self._server_lock:
@@ -200,34 +213,46 @@ class EngineGroup:
 
     def add_one(self) -> EngineProcess:
         """Start one more engine (a replacement) and check that it answers.
+        A fork server that ends or stops answering during the fork is
+        replaced, and the engine forked from the new one.
 
         :raises VowpalWabbitStartupError: when it cannot start, or when it
             would load a model file other than the group's first engines did
+            (a copy is not started then)
         """
-        with self._server_lock:
-            self._raise_if_closed()
-            loads_the_file = self.server is None or self.server.died
-        if loads_the_file:
-            self._check_model_file("the pool's engines loaded it")
-        server = self._server_for_replacement()
-        if server is None:
-            engine = self._start_copy()
+        for attempt in (1, 2):
+            server = self._server_for_replacement()
+            if server is None:
+                return self._add_copy()
+            deadline = _clock() + self.startup_timeout_s
             try:
-                self._check_model_file("the pool's engines loaded it")
-            except VowpalWabbitStartupError:
+                engine = server.fork_engine(self.startup_timeout_s)
+            except VowpalWabbitError:
+                if attempt == 2 or not server.closed:
+                    raise
+                continue  # the server is gone or stuck: once more, from a new one
+            try:
+                check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
+                self._warm_up(engine, deadline)
+            except BaseException:
                 engine.abort()
                 raise
-            if self.low_priority:
-                lower_priority(engine.pid)
             return engine
-        deadline = _clock() + self.startup_timeout_s
-        engine = server.fork_engine(self.startup_timeout_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _add_copy(self) -> EngineProcess:
+        """Start a replacement that loads its own copy of the model, if the
+        model file is still the one the group loaded (checked before and
+        after it loads)."""
+        self._check_model_file("the pool's engines loaded it")
+        engine = self._start_copy()
         try:
-            check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
-            self._warm_up(engine, deadline)
-        except BaseException:
+            self._check_model_file("the pool's engines loaded it")
+        except VowpalWabbitStartupError:
             engine.abort()
             raise
+        if self.low_priority:
+            lower_priority(engine.pid)
         return engine
 
     def _start_copy(self) -> EngineProcess:

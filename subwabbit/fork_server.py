@@ -214,8 +214,10 @@ class ForkServer:
             except OSError:
                 message = b""
             if not message:
-                self.closed = True
+                # (died first: a server seen closed and not died is taken
+                # for one that stopped answering)
                 self.died = not self.stopped
+                self.closed = True
                 self._replies.put(None)
                 if self.died:
                     self._report_death()

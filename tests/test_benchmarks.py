@@ -471,8 +471,11 @@ def test_pool_cpu_benchmark_measures_the_pool_and_its_engine_alone(tmp_path):
     assert len(report["rounds"]) == 1
     figures = report["rounds"][0]
     # A 1 s timeout: every call returns its 300 items, and the engines read
-    # about as many lines (the mean line length is the file's).
+    # about as many lines (the mean line length is the file's), and once more
+    # the lines of a batch dealt again to the other engine (on a busy machine
+    # an engine can go quiet for longer than the pool waits before it hedges).
     assert figures["predictions_per_call"] == 300
-    assert 250 <= figures["engine_lines_per_call"] <= 350, figures
+    assert 250 <= figures["engine_lines_per_call"] - figures["hedged_lines_per_call"] <= 350, \
+        figures
     assert figures["client_us_per_prediction"] > 0 and figures["engine_us_per_line"] > 0
     assert report["medians"]["predictions_per_call"] == 300

@@ -506,9 +506,7 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
         # sharing one copy of the model.
         with caplog.at_level(logging.WARNING, logger="subwabbit"):
             os.kill(server.pid, signal.SIGKILL)
-            deadline = time.time() + 10
-            while not server.died and time.time() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: server.died)
             assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
             assert wait_until(lambda: server.engine.proc.returncode is not None)
             with pytest.raises(ChildProcessError):
@@ -518,9 +516,7 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
             os.kill(victim, signal.SIGKILL)
             assert process_gone(victim)
             assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
-            deadline = time.time() + 30
-            while pool.stats()["engines_replaced"] < 2 and time.time() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: pool.stats()["engines_replaced"] >= 2, 30)
         assert pool.stats()["engines"] == 2
         new_server = pool._groups[0].server  # pylint: disable=protected-access
         assert new_server is not None and new_server.pid != server.pid
@@ -541,6 +537,36 @@ def _pool_with_a_dead_fork_server(model):
     os.kill(server.pid, signal.SIGKILL)
     assert wait_until(lambda: server.died)
     return pool, server
+
+
+def test_a_fork_server_that_stops_answering_is_replaced_by_a_new_one(trained_model, truth,
+                                                                     caplog):
+    # A server whose fork went unanswered is not asked again (a late answer
+    # would be taken for the next fork's): it is killed, a new one loads the
+    # model, and the replacement is forked from it, sharing its copy.
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          startup_timeout_s=1.0) as pool:
+        group = pool._groups[0]  # pylint: disable=protected-access
+        stuck = group.server
+        os.kill(stuck.pid, signal.SIGSTOP)
+        try:
+            with caplog.at_level(logging.WARNING, logger="subwabbit"):
+                victim = pool.engine_pids()[0]
+                os.kill(victim, signal.SIGKILL)
+                assert process_gone(victim)
+                assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+                assert wait_until(lambda: pool.stats()["engines_replaced"] >= 1, 30)
+        finally:
+            if proc_stat(stuck.pid) is not None:
+                os.kill(stuck.pid, signal.SIGKILL)
+        assert "did not answer a fork" in caplog.text
+        assert process_gone(stuck.pid)
+        server = group.server
+        assert server is not None and server.pid != stuck.pid and not server.closed
+        assert int(proc_stat(pool.engine_pids()[-1])[1]) == server.pid
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+        began = time.monotonic()
+    assert time.monotonic() - began < 10
 
 
 def test_replacements_due_together_fork_from_one_new_server(trained_model, truth):
@@ -602,6 +628,15 @@ def test_no_replacement_loads_a_model_file_written_over_the_served_one(
             assert wait_until(lambda: server.died)
         shutil.copy(second_model, tmp_path / "next.vw")
         os.replace(tmp_path / "next.vw", current)
+        # The file is checked before anything loads it: no copy and no new
+        # server is started only to be refused.
+        group = pool._groups[0]  # pylint: disable=protected-access
+        loads = []
+        for name in ("_start_copy", "_start_server"):
+            def counted(original=getattr(group, name), name=name):
+                loads.append(name)
+                return original()
+            setattr(group, name, counted)
         with caplog.at_level(logging.WARNING, logger="subwabbit"):
             victim = pool.engine_pids()[0]
             os.kill(victim, signal.SIGKILL)
@@ -613,6 +648,7 @@ def test_no_replacement_loads_a_model_file_written_over_the_served_one(
                 (pool.stats(), [slot.engine.describe() for slot in pool._roster.slots])  # pylint: disable=protected-access
         assert "replacement" in caplog.text and "reload() the pool" in caplog.text
         assert pool.stats()["engines"] == 1 and pool.stats()["engines_replaced"] == 0
+        assert loads == []
         for user in (3, 4):
             assert pool.predict(common(user), items(3000)) == truth[trained_model][user]
         pool.reload(scoring_args(str(current)))
