@@ -206,16 +206,23 @@ class AsyncVowpalWabbitPool(PoolBase):
             pass
 
     async def _add_engine(self, generation: int) -> None:
-        group = self._groups.get(generation)
-        if group is None or self._closed:  # (closed since the replacement was due)
+        """Start a replacement engine for ``generation``, trying again after
+        a failure while it is still wanted (``close()`` cancels the wait)."""
+        failures = 0
+        while True:
+            group = self._replacement_wanted(generation)
+            if group is None:  # (closed, or another model, since it was due)
+                return
+            try:
+                engine = await _in_executor(group, group.add_one)
+            except VowpalWabbitError as exc:
+                failures += 1
+                await asyncio.sleep(self._replacement_failed(exc, failures))
+                continue
+            if self._put_in_service([engine], generation, replacing=True):
+                logger.warning("replaced a failed vw engine of the pool: now vw[%s]",
+                               engine.pid)
             return
-        try:
-            engine = await _in_executor(group, group.add_one)
-        except VowpalWabbitError as exc:
-            logger.warning("starting a replacement vw engine failed: %s", exc)
-            return
-        if self._put_in_service([engine], generation, replacing=True):
-            logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
 
     # --------------------------------------------------------------- predict
 

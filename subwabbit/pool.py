@@ -142,19 +142,27 @@ class VowpalWabbitPool(PoolBase):
                              name="subwabbit-pool-exit", daemon=True).start()
 
     def _add_engine(self, generation: int) -> None:
-        """Start a replacement engine for ``generation`` (on a thread of its own)."""
-        group = self._groups.get(generation)
-        if group is None or self._closed:  # (closed since the replacement was due)
+        """Start a replacement engine for ``generation`` (on a thread of its
+        own), trying again after a failure while it is still wanted."""
+        failures = 0
+        while True:
+            group = self._replacement_wanted(generation)
+            if group is None:  # (closed, or another model, since it was due)
+                return
+            try:
+                engine = group.add_one()
+            except VowpalWabbitError as exc:
+                failures += 1
+                delay = self._replacement_failed(exc, failures)
+                with self._cond:  # woken by close() and reload()
+                    self._cond.wait_for(
+                        lambda: self._replacement_wanted(generation) is None, delay)
+                continue
+            with self._cond:
+                added = self._put_in_service([engine], generation, replacing=True)
+            if added:
+                logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
             return
-        try:
-            engine = group.add_one()
-        except VowpalWabbitError as exc:
-            logger.warning("starting a replacement vw engine failed: %s", exc)
-            return
-        with self._cond:
-            added = self._put_in_service([engine], generation, replacing=True)
-        if added:
-            logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
 
     # --------------------------------------------------------------- predict
 

@@ -42,6 +42,18 @@ _clock = time.perf_counter
 #: How long the report of a failed engine waits for its exit status.
 _STATUS_WAIT_S = 0.05
 
+#: Seconds between attempts to start a replacement engine that failed to
+#: start (the last repeats while the pool is open and serves that model): a
+#: model file briefly missing, a start-up slower than ``startup_timeout_s``
+#: on a loaded machine or a failed fork must not leave the pool an engine
+#: short for good.
+REPLACEMENT_RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def replacement_retry_s(failures: int) -> float:
+    """How long to wait after a replacement's ``failures``-th failed start (1 or more)."""
+    return REPLACEMENT_RETRY_S[min(failures, len(REPLACEMENT_RETRY_S)) - 1]
+
 #: A call takes one more engine only while at least this many of its items
 #: are left to deal (smaller requests are served by one engine: a second
 #: would save less time than waking it costs).
@@ -524,6 +536,25 @@ class PoolBase(ClientBase):
         the thread that reads its messages, which must not block): the
         driver runs :meth:`_replace_if_dead_and_free` on its side."""
         raise NotImplementedError()
+
+    def _replacement_wanted(self, generation: int) -> Optional[EngineGroup]:
+        """The group a replacement for ``generation`` is started in, or
+        ``None`` when none is wanted any more (the pool closed, or a reload
+        moved it to another model)."""
+        if self._closed or generation != self._roster.generation:
+            return None
+        return self._groups.get(generation)
+
+    def _replacement_failed(self, error: VowpalWabbitError, failures: int) -> float:
+        """Log a replacement that failed to start.
+
+        :returns: how long to wait before the next attempt
+        """
+        delay = replacement_retry_s(failures)
+        if not self._closed:
+            logger.warning("starting a replacement vw engine failed (attempt %d; the next in "
+                           "%g s): %s", failures, delay, error)
+        return delay
 
     def _replace_if_dead_and_free(self, pid: int) -> None:
         """Take engine ``pid`` out of service and start its replacement, if

@@ -2,7 +2,9 @@
 many tasks at once, deadlines, cancellation, reloads, failed engines, close."""
 
 import asyncio
+import logging
 import os
+import shutil
 import signal
 import time
 
@@ -10,7 +12,8 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
-from conftest import CyclesLeft, DictFormatter, common, items, process_gone, scoring_args
+from conftest import (CyclesLeft, DictFormatter, common, items, proc_stat, process_gone,
+                      scoring_args)
 
 
 def run(coroutine):
@@ -195,6 +198,41 @@ def test_an_engine_that_died_idle_is_replaced_before_a_call_can_take_it(trained_
             assert await pool.predict(common(3), items(3000)) == truth[trained_model][3]
 
     run(main())
+
+
+def test_a_replacement_that_failed_to_start_is_tried_again(trained_model, truth, tmp_path,
+                                                           caplog):
+    served, away = tmp_path / "served.vw", tmp_path / "away.vw"
+    shutil.copy(trained_model, served)
+
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                                         share_weights=False) as pool:
+            os.rename(served, away)
+            victim = pool.engine_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            while proc_stat(victim) is not None and proc_stat(victim)[0] != "Z":
+                await asyncio.sleep(0.01)
+            assert await pool.predict(common(1), items(3000)) == truth[trained_model][1]
+            deadline = time.time() + 10
+            while "attempt 2" not in caplog.text and time.time() < deadline:
+                await asyncio.sleep(0.01)
+            assert "attempt 2" in caplog.text and pool.stats()["engines"] == 1
+            os.rename(away, served)
+            deadline = time.time() + 30
+            while pool.stats()["engines_replaced"] < 1 and time.time() < deadline:
+                await asyncio.sleep(0.01)
+            assert pool.stats()["engines"] == 2
+            assert await pool.predict(common(2), items(3000)) == truth[trained_model][2]
+            os.unlink(served)  # and once more, closing while the replacement waits
+            os.kill(pool.engine_pids()[0], signal.SIGKILL)
+            await pool.predict(common(3), items(30))
+            await asyncio.sleep(0.2)
+            began = time.monotonic()
+        assert time.monotonic() - began < 5
+
+    with caplog.at_level(logging.WARNING, logger="subwabbit"):
+        run(main())
 
 
 def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):

@@ -569,6 +569,45 @@ def test_a_fork_server_that_stops_answering_is_replaced_by_a_new_one(trained_mod
     assert time.monotonic() - began < 10
 
 
+def test_a_replacement_that_failed_to_start_is_tried_again(trained_model, truth, tmp_path,
+                                                           caplog):
+    # The model file is missing for a while (a deploy step, a network file
+    # system): the replacement fails, and is tried again until the file is back.
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    away = tmp_path / "away.vw"
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                          share_weights=False) as pool:
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            os.rename(served, away)
+            victim = pool.engine_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            assert process_gone(victim)
+            assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+            assert wait_until(lambda: "attempt 2" in caplog.text, 10), caplog.text
+            assert pool.stats()["engines"] == 1
+            os.rename(away, served)  # the same file again
+            assert wait_until(lambda: pool.stats()["engines_replaced"] == 1, 30), caplog.text
+        assert pool.stats()["engines"] == 2
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
+def test_no_replacement_is_tried_again_once_the_pool_closed(trained_model, tmp_path):
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    threads = threading.active_count()
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                          share_weights=False) as pool:
+        os.unlink(served)
+        victim = pool.engine_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert process_gone(victim)
+        pool.predict(common(1), items(30))
+        time.sleep(0.2)  # the replacement failed and waits to try again
+    # close() wakes it: it ends instead of trying again
+    assert wait_until(lambda: threading.active_count() <= threads, 5)
+
+
 def test_replacements_due_together_fork_from_one_new_server(trained_model, truth):
     pool, dead = _pool_with_a_dead_fork_server(trained_model)
     with pool:
@@ -606,8 +645,11 @@ def test_a_server_restart_that_the_close_overtakes_starts_nothing(trained_model,
         pool.predict(common(1), items(300), timeout=0.5)
         assert restarting.wait(10)
         pool.close(timeout=5)
-        # the restart finishes, finds the group closed, stops its server, starts no engine
-        assert wait_until(lambda: "no replacement is started" in caplog.text, 30)
+        # the restart finishes, finds the group closed, stops its server, starts no
+        # engine, and is not tried again
+        assert wait_until(lambda: not any(thread.name == "subwabbit-pool-replace"
+                                          for thread in threading.enumerate()), 30)
+    assert "replaced a failed" not in caplog.text
     assert wait_until(lambda: not set(children_of_this_process()) - before, 10)
 
 
