@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
 
 from .asyncio_process import wait_for_engines
@@ -194,7 +195,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         task.add_done_callback(self._tasks.discard)
 
     def _start_engine_later(self, generation: int) -> None:
-        self._background(self._add_engine(generation))
+        self._background(_replace_engine(weakref.ref(self), generation))
 
     def _engine_exited(self, pid: int) -> None:
         loop = self._loop
@@ -205,24 +206,20 @@ class AsyncVowpalWabbitPool(PoolBase):
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    async def _add_engine(self, generation: int) -> None:
-        """Start a replacement engine for ``generation``, trying again after
-        a failure while it is still wanted (``close()`` cancels the wait)."""
-        failures = 0
-        while True:
-            group = self._replacement_wanted(generation)
-            if group is None:  # (closed, or another model, since it was due)
-                return
-            try:
-                engine = await _in_executor(group, group.add_one)
-            except VowpalWabbitError as exc:
-                failures += 1
-                await asyncio.sleep(self._replacement_failed(exc, failures))
-                continue
-            if self._put_in_service([engine], generation, replacing=True):
-                logger.warning("replaced a failed vw engine of the pool: now vw[%s]",
-                               engine.pid)
-            return
+    async def _try_replacement(self, generation: int, failures: int) -> Optional[float]:
+        """One attempt to start a replacement engine for ``generation`` and
+        put it in service (see :meth:`VowpalWabbitPool._try_replacement
+        <subwabbit.pool.VowpalWabbitPool._try_replacement>`)."""
+        group = self._replacement_wanted(generation)
+        if group is None:  # (closed, or another model, since it was due)
+            return None
+        try:
+            engine = await _in_executor(group, group.add_one)
+        except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
+            return self._replacement_failed(exc, failures + 1, generation)
+        if self._put_in_service([engine], generation, replacing=True):
+            logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
+        return None
 
     # --------------------------------------------------------------- predict
 
@@ -331,6 +328,25 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._start_lock = None
         self._closing = None
         self._closing_slots = []
+
+
+async def _replace_engine(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]",
+                          generation: int) -> None:
+    """Start a replacement engine for ``generation`` of a pool, trying again
+    after a failure while it is wanted (``close()`` cancels the task).
+    Between attempts the task holds the pool only weakly: a pool dropped
+    without ``close()`` is released while a replacement waits."""
+    failures = 0
+    while True:
+        pool = pool_ref()
+        if pool is None:
+            return
+        delay = await pool._try_replacement(generation, failures)  # pylint: disable=protected-access
+        if delay is None:
+            return
+        failures += 1
+        del pool
+        await asyncio.sleep(delay)
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:

@@ -168,12 +168,13 @@ class EngineGroup:
                 old = self.server
             if old is None or not old.closed:
                 return old
-            self._check_model_file("the pool's engines loaded it")
-            if not old.died:
+            if not old.died and not old.engine.closed:
                 logger.warning("the pool's fork server vw[%s] did not answer a fork within "
                                "%g s: stopping it and starting a new one", old.pid,
                                self.startup_timeout_s)
-            old.close(0.0)  # reaps one that ended, kills one that is stuck
+                old.engine.kill()  # (it frees its copy of the model at once)
+            old.close(1.0)  # reaps it (it has ended, or was just killed)
+            self._check_model_file("the pool's engines loaded it")
             server = self._start_server()
             with self._server_lock:
                 if server is None:  # the model needs vw's own driver after all

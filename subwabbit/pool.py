@@ -12,6 +12,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .base import VowpalWabbitBaseFormatter
@@ -133,7 +134,7 @@ class VowpalWabbitPool(PoolBase):
                              name="subwabbit-pool-close", daemon=True).start()
 
     def _start_engine_later(self, generation: int) -> None:
-        threading.Thread(target=self._add_engine, args=(generation,),
+        threading.Thread(target=_replace_engine, args=(weakref.ref(self), self._cond, generation),
                          name="subwabbit-pool-replace", daemon=True).start()
 
     def _engine_exited(self, pid: int) -> None:
@@ -141,28 +142,26 @@ class VowpalWabbitPool(PoolBase):
             threading.Thread(target=self._replace_if_dead_and_free, args=(pid,),
                              name="subwabbit-pool-exit", daemon=True).start()
 
-    def _add_engine(self, generation: int) -> None:
-        """Start a replacement engine for ``generation`` (on a thread of its
-        own), trying again after a failure while it is still wanted."""
-        failures = 0
-        while True:
-            group = self._replacement_wanted(generation)
-            if group is None:  # (closed, or another model, since it was due)
-                return
-            try:
-                engine = group.add_one()
-            except VowpalWabbitError as exc:
-                failures += 1
-                delay = self._replacement_failed(exc, failures)
-                with self._cond:  # woken by close() and reload()
-                    self._cond.wait_for(
-                        lambda: self._replacement_wanted(generation) is None, delay)
-                continue
-            with self._cond:
-                added = self._put_in_service([engine], generation, replacing=True)
-            if added:
-                logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
-            return
+    def _try_replacement(self, generation: int, failures: int) -> Optional[float]:
+        """One attempt to start a replacement engine for ``generation`` and
+        put it in service.
+
+        :param failures: the attempts that failed before this one
+        :returns: how long to wait before the next attempt, or ``None`` when
+            none is due (it started, or it is no longer wanted)
+        """
+        group = self._replacement_wanted(generation)
+        if group is None:  # (closed, or another model, since it was due)
+            return None
+        try:
+            engine = group.add_one()
+        except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
+            return self._replacement_failed(exc, failures + 1, generation)
+        with self._cond:
+            added = self._put_in_service([engine], generation, replacing=True)
+        if added:
+            logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
+        return None
 
     # --------------------------------------------------------------- predict
 
@@ -340,6 +339,37 @@ class VowpalWabbitPool(PoolBase):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _replace_engine(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]",
+                    cond: threading.Condition, generation: int) -> None:
+    """Start a replacement engine for ``generation`` of a pool (on a thread
+    of its own), trying again after a failure while it is wanted. Between
+    attempts the thread holds the pool only weakly: a pool dropped without
+    ``close()`` is released, and its engines with it, while a replacement waits."""
+    failures = 0
+    while True:
+        pool = pool_ref()
+        if pool is None:
+            return
+        delay = pool._try_replacement(generation, failures)  # pylint: disable=protected-access
+        del pool
+        if delay is None:
+            return
+        failures += 1
+        # Until the time is up, or close() or reload() (which notify) ended
+        # the need; calls notify too, as they give engines back.
+        retry_at = time.monotonic() + delay
+        with cond:
+            while True:
+                pool = pool_ref()
+                if pool is None or pool._replacement_wanted(generation) is None:  # pylint: disable=protected-access
+                    return
+                del pool
+                left = retry_at - time.monotonic()
+                if left <= 0:
+                    break
+                cond.wait(left)
 
 
 def _retire_all(engines: List[EngineProcess], timeout: float) -> None:

@@ -506,8 +506,9 @@ class PoolBase(ClientBase):
     def _log_failure(self, slot: Slot, error: BaseException, replacing: bool) -> None:
         if isinstance(error, VowpalWabbitError):
             slot.engine.add_context(error)
-        logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid, error,
-                       "; starting a replacement" if replacing else "")
+        # The text, not the error: its traceback holds the pool (see _replacement_failed).
+        logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid,
+                       str(error), "; starting a replacement" if replacing else "")
 
 
     def _new_group(self, argv: List[str], vw_args: List[str]) -> EngineGroup:
@@ -545,15 +546,20 @@ class PoolBase(ClientBase):
             return None
         return self._groups.get(generation)
 
-    def _replacement_failed(self, error: VowpalWabbitError, failures: int) -> float:
-        """Log a replacement that failed to start.
+    def _replacement_failed(self, error: BaseException, failures: int,
+                            generation: int) -> Optional[float]:
+        """Log a replacement for ``generation`` that failed to start.
 
-        :returns: how long to wait before the next attempt
+        :returns: how long to wait before the next attempt (``None``: it is
+            no longer wanted)
         """
+        if self._replacement_wanted(generation) is None:
+            return None
         delay = replacement_retry_s(failures)
-        if not self._closed:
-            logger.warning("starting a replacement vw engine failed (attempt %d; the next in "
-                           "%g s): %s", failures, delay, error)
+        # The text, not the error: its traceback holds the pool, and a
+        # handler that keeps records would keep a dropped pool alive.
+        logger.warning("starting a replacement vw engine failed (attempt %d; the next in "
+                       "%g s): %s", failures, delay, str(error))
         return delay
 
     def _replace_if_dead_and_free(self, pid: int) -> None:

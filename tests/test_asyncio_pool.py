@@ -2,11 +2,14 @@
 many tasks at once, deadlines, cancellation, reloads, failed engines, close."""
 
 import asyncio
+import gc
 import logging
 import os
 import shutil
 import signal
 import time
+import warnings
+import weakref
 
 import pytest
 
@@ -233,6 +236,38 @@ def test_a_replacement_that_failed_to_start_is_tried_again(trained_model, truth,
 
     with caplog.at_level(logging.WARNING, logger="subwabbit"):
         run(main())
+
+
+def test_a_pool_dropped_while_a_replacement_waits_is_released(trained_model, tmp_path, caplog):
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                                     share_weights=False)
+        await pool.start()
+        victim, survivor = pool.engine_pids()
+        os.unlink(served)
+        os.kill(victim, signal.SIGKILL)
+        while proc_stat(victim) is not None and proc_stat(victim)[0] != "Z":
+            await asyncio.sleep(0.01)
+        await pool.predict(common(1), items(30))
+        deadline = time.time() + 10
+        while "attempt 1" not in caplog.text and time.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert "attempt 1" in caplog.text
+        dropped = weakref.ref(pool)
+        del pool
+        deadline = time.time() + 5
+        while (gc.collect() >= 0 and dropped() is not None) and time.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert dropped() is None
+        return survivor
+
+    with caplog.at_level(logging.WARNING, logger="subwabbit"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        survivor = run(main())
+    assert process_gone(survivor)
 
 
 def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):

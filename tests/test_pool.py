@@ -5,6 +5,7 @@ Every prediction is compared with what the engine prints for the same lines
 read from a file, for the model that served the call.
 """
 
+import gc
 import json
 import logging
 import math
@@ -14,6 +15,8 @@ import signal
 import subprocess
 import threading
 import time
+import warnings
+import weakref
 
 import pytest
 
@@ -560,6 +563,9 @@ def test_a_fork_server_that_stops_answering_is_replaced_by_a_new_one(trained_mod
             if proc_stat(stuck.pid) is not None:
                 os.kill(stuck.pid, signal.SIGKILL)
         assert "did not answer a fork" in caplog.text
+        # (its engine killed above, whose exit it could not report, is warned of)
+        assert f"vw[{stuck.pid}] ignored SIGTERM" not in caplog.text
+        assert f"vw[{stuck.pid}] survived SIGKILL" not in caplog.text
         assert process_gone(stuck.pid)
         server = group.server
         assert server is not None and server.pid != stuck.pid and not server.closed
@@ -592,6 +598,29 @@ def test_a_replacement_that_failed_to_start_is_tried_again(trained_model, truth,
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
+def test_calls_do_not_hurry_a_replacement_that_waits_to_try_again(trained_model, tmp_path,
+                                                                   caplog):
+    # Every call that gives its engines back wakes the pool's waiters: the
+    # replacement waits out its time all the same.
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                          share_weights=False) as pool:
+        os.unlink(served)
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            victim = pool.engine_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            assert process_gone(victim)
+            end = time.monotonic() + 1.0
+            calls = 0
+            while time.monotonic() < end:
+                pool.predict(common(1), items(30))
+                calls += 1
+        attempts = caplog.text.count("starting a replacement vw engine failed")
+        # (tried at once, after 0.5 s, then after 1 s more)
+        assert calls > 20 and 1 <= attempts <= 3, (calls, attempts)
+
+
 def test_no_replacement_is_tried_again_once_the_pool_closed(trained_model, tmp_path):
     served = tmp_path / "served.vw"
     shutil.copy(trained_model, served)
@@ -606,6 +635,30 @@ def test_no_replacement_is_tried_again_once_the_pool_closed(trained_model, tmp_p
         time.sleep(0.2)  # the replacement failed and waits to try again
     # close() wakes it: it ends instead of trying again
     assert wait_until(lambda: threading.active_count() <= threads, 5)
+
+
+def test_a_pool_dropped_while_a_replacement_waits_is_released(trained_model, tmp_path, caplog):
+    # The waiting replacement holds the pool only weakly: the pool and its
+    # engines go as soon as the service lets go of it.
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2,
+                            share_weights=False)
+    victim, survivor = pool.engine_pids()
+    os.unlink(served)
+    with caplog.at_level(logging.WARNING, logger="subwabbit"):
+        os.kill(victim, signal.SIGKILL)
+        assert process_gone(victim)
+        pool.predict(common(1), items(30))
+        assert wait_until(lambda: "attempt 1" in caplog.text)
+    dropped = weakref.ref(pool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del pool
+        assert wait_until(lambda: gc.collect() >= 0 and dropped() is None, 5)
+    assert process_gone(survivor)
+    assert wait_until(lambda: not any(thread.name == "subwabbit-pool-replace"
+                                      for thread in threading.enumerate()), 5)
 
 
 def test_replacements_due_together_fork_from_one_new_server(trained_model, truth):
