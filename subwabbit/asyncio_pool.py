@@ -195,7 +195,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         task.add_done_callback(self._tasks.discard)
 
     def _start_engine_later(self, generation: int) -> None:
-        self._background(_replace_engine(weakref.ref(self), generation))
+        self._background(_keep_trying(weakref.ref(self), "_try_replacement", generation))
 
     def _engine_exited(self, pid: int) -> None:
         loop = self._loop
@@ -216,7 +216,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         try:
             engine = await _in_executor(group, group.add_one)
         except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
-            return self._replacement_failed(exc, failures + 1, generation)
+            return self._start_failed(exc, failures + 1, generation)
         if self._put_in_service([engine], generation, replacing=True):
             logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
         return None
@@ -273,22 +273,27 @@ class AsyncVowpalWabbitPool(PoolBase):
                         os.getpid(), self._owner_pid)
             self._owner_pid = os.getpid()
             self._restart_count += 1
-            self._background(self._start_group(self._roster.generation))
+            self._background(_keep_trying(weakref.ref(self), "_try_own_engines",
+                                          self._roster.generation))
             return True
         if not self._started:
             raise VowpalWabbitError(f"{type(self).__name__} is not started: await its start() "
                                     "or use it with 'async with'")
         return False
 
-    async def _start_group(self, generation: int) -> None:
-        """In a forked child: start the engines of the current model."""
+    async def _try_own_engines(self, generation: int, failures: int) -> Optional[float]:
+        """In a forked child: one attempt to start the engines of the current
+        model (see :meth:`VowpalWabbitPool._try_own_engines
+        <subwabbit.pool.VowpalWabbitPool._try_own_engines>`)."""
+        if not self._serving(generation):
+            return None
         try:
             group, engines = await self._spawn(self.argv, self.vw_args, self.size)
-        except VowpalWabbitError as exc:
-            logger.warning("starting the pool's vw engines failed: %s", exc)
-            return
+        except (VowpalWabbitError, OSError) as exc:
+            return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
         if self._put_in_service(engines, generation, group=group):
             self._groups[generation] = group
+        return None
 
     # ----------------------------------------------------------- not served
 
@@ -330,22 +335,23 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._closing_slots = []
 
 
-async def _replace_engine(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]",
-                          generation: int) -> None:
-    """Start a replacement engine for ``generation`` of a pool, trying again
-    after a failure while it is wanted (``close()`` cancels the task).
-    Between attempts the task holds the pool only weakly: a pool dropped
-    without ``close()`` is released while a replacement waits."""
+async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]", attempt: str,
+                       generation: int) -> None:
+    """Start engines for ``generation`` of a pool with its coroutine method
+    ``attempt`` (``_try_replacement`` or ``_try_own_engines``), trying again
+    after a failure while the pool serves that model (``close()`` cancels
+    the task). Between attempts the task holds the pool only weakly: a pool
+    dropped without ``close()`` is released while a start waits."""
     failures = 0
     while True:
         pool = pool_ref()
         if pool is None:
             return
-        delay = await pool._try_replacement(generation, failures)  # pylint: disable=protected-access
+        delay = await getattr(pool, attempt)(generation, failures)
+        del pool
         if delay is None:
             return
         failures += 1
-        del pool
         await asyncio.sleep(delay)
 
 

@@ -134,7 +134,8 @@ class VowpalWabbitPool(PoolBase):
                              name="subwabbit-pool-close", daemon=True).start()
 
     def _start_engine_later(self, generation: int) -> None:
-        threading.Thread(target=_replace_engine, args=(weakref.ref(self), self._cond, generation),
+        threading.Thread(target=_keep_trying,
+                         args=(weakref.ref(self), self._cond, "_try_replacement", generation),
                          name="subwabbit-pool-replace", daemon=True).start()
 
     def _engine_exited(self, pid: int) -> None:
@@ -156,7 +157,7 @@ class VowpalWabbitPool(PoolBase):
         try:
             engine = group.add_one()
         except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
-            return self._replacement_failed(exc, failures + 1, generation)
+            return self._start_failed(exc, failures + 1, generation)
         with self._cond:
             added = self._put_in_service([engine], generation, replacing=True)
         if added:
@@ -280,21 +281,29 @@ class VowpalWabbitPool(PoolBase):
             self._owner_pid = os.getpid()
             self._restart_count += 1
             generation = self._roster.generation
-            self._groups = {generation: self._new_group(self.argv, self.vw_args)}
-        threading.Thread(target=self._start_group, args=(generation,),
+            self._groups = {}
+        threading.Thread(target=_keep_trying,
+                         args=(weakref.ref(self), self._cond, "_try_own_engines", generation),
                          name="subwabbit-pool-start", daemon=True).start()
 
-    def _start_group(self, generation: int) -> None:
-        """Start the engines of ``generation``'s group and put them in
-        service (on a thread of its own: failures are logged)."""
-        group = self._groups[generation]
+    def _try_own_engines(self, generation: int, failures: int) -> Optional[float]:
+        """In a forked child: one attempt to start the pool's own engines
+        for ``generation`` and put them in service.
+
+        :param failures: the attempts that failed before this one
+        :returns: how long to wait before the next attempt, or ``None`` when
+            none is due (they started, or they are no longer wanted)
+        """
+        if not self._serving(generation):
+            return None
         try:
-            engines = group.start(self.size)
-        except VowpalWabbitError as exc:
-            logger.warning("starting the pool's vw engines failed: %s", exc)
-            return
+            group, engines = self._spawn(self.argv, self.vw_args, self.size)
+        except (VowpalWabbitError, OSError) as exc:
+            return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
         with self._cond:
-            self._put_in_service(engines, generation, group=group)
+            if self._put_in_service(engines, generation, group=group):
+                self._groups[generation] = group
+        return None
 
     # ----------------------------------------------------------------- close
 
@@ -341,18 +350,20 @@ class VowpalWabbitPool(PoolBase):
         self.close()
 
 
-def _replace_engine(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]",
-                    cond: threading.Condition, generation: int) -> None:
-    """Start a replacement engine for ``generation`` of a pool (on a thread
-    of its own), trying again after a failure while it is wanted. Between
-    attempts the thread holds the pool only weakly: a pool dropped without
-    ``close()`` is released, and its engines with it, while a replacement waits."""
+def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: threading.Condition,
+                 attempt: str, generation: int) -> None:
+    """Start engines for ``generation`` of a pool (on a thread of its own)
+    with its method ``attempt`` (:meth:`VowpalWabbitPool._try_replacement`
+    or :meth:`VowpalWabbitPool._try_own_engines`), trying again after a
+    failure while the pool serves that model. Between attempts the thread
+    holds the pool only weakly: a pool dropped without ``close()`` is
+    released, and its engines with it, while a start waits."""
     failures = 0
     while True:
         pool = pool_ref()
         if pool is None:
             return
-        delay = pool._try_replacement(generation, failures)  # pylint: disable=protected-access
+        delay = getattr(pool, attempt)(generation, failures)
         del pool
         if delay is None:
             return
@@ -363,7 +374,7 @@ def _replace_engine(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]",
         with cond:
             while True:
                 pool = pool_ref()
-                if pool is None or pool._replacement_wanted(generation) is None:  # pylint: disable=protected-access
+                if pool is None or not pool._serving(generation):  # pylint: disable=protected-access
                     return
                 del pool
                 left = retry_at - time.monotonic()

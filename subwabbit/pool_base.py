@@ -506,7 +506,7 @@ class PoolBase(ClientBase):
     def _log_failure(self, slot: Slot, error: BaseException, replacing: bool) -> None:
         if isinstance(error, VowpalWabbitError):
             slot.engine.add_context(error)
-        # The text, not the error: its traceback holds the pool (see _replacement_failed).
+        # The text, not the error: its traceback holds the pool (see _start_failed).
         logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid,
                        str(error), "; starting a replacement" if replacing else "")
 
@@ -538,28 +538,30 @@ class PoolBase(ClientBase):
         driver runs :meth:`_replace_if_dead_and_free` on its side."""
         raise NotImplementedError()
 
+    def _serving(self, generation: int) -> bool:
+        """Whether the pool is open and serves ``generation``'s model."""
+        return not self._closed and generation == self._roster.generation
+
     def _replacement_wanted(self, generation: int) -> Optional[EngineGroup]:
         """The group a replacement for ``generation`` is started in, or
         ``None`` when none is wanted any more (the pool closed, or a reload
         moved it to another model)."""
-        if self._closed or generation != self._roster.generation:
-            return None
-        return self._groups.get(generation)
+        return self._groups.get(generation) if self._serving(generation) else None
 
-    def _replacement_failed(self, error: BaseException, failures: int,
-                            generation: int) -> Optional[float]:
-        """Log a replacement for ``generation`` that failed to start.
+    def _start_failed(self, error: BaseException, failures: int, generation: int,
+                      what: str = "a replacement vw engine") -> Optional[float]:
+        """Log a start of engines for ``generation`` that failed.
 
-        :returns: how long to wait before the next attempt (``None``: it is
-            no longer wanted)
+        :returns: how long to wait before the next attempt (``None``: none
+            is wanted any more)
         """
-        if self._replacement_wanted(generation) is None:
+        if not self._serving(generation):
             return None
         delay = replacement_retry_s(failures)
         # The text, not the error: its traceback holds the pool, and a
         # handler that keeps records would keep a dropped pool alive.
-        logger.warning("starting a replacement vw engine failed (attempt %d; the next in "
-                       "%g s): %s", failures, delay, str(error))
+        logger.warning("starting %s failed (attempt %d; the next in %g s): %s", what, failures,
+                       delay, str(error))
         return delay
 
     def _replace_if_dead_and_free(self, pid: int) -> None:

@@ -480,6 +480,40 @@ def test_a_forked_child_starts_its_own_engines_and_the_parent_is_untouched(
     assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
+def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model, truth,
+                                                                    tmp_path):
+    # The model file is away when the child forks (a deploy step): its first
+    # start fails, and it serves once the file is back.
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2) as pool:
+        os.rename(served, tmp_path / "away.vw")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                os.close(read_end)
+                first = pool.predict(common(1), items(300), timeout=0.5)
+                os.rename(tmp_path / "away.vw", served)
+                deadline = time.monotonic() + 20
+                got = []
+                while not got and time.monotonic() < deadline:
+                    got = pool.predict(common(1), items(3000), timeout=0.5)
+                report = {"first": len(first), "ok": got == truth[trained_model][1],
+                          "pids": pool.engine_pids()}
+                pool.close()
+                os.write(write_end, json.dumps(report).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as reader:
+            report = json.loads(reader.read() or "{}")
+        os.waitpid(pid, 0)
+        assert report == {"first": 0, "ok": True, "pids": report["pids"]}, report
+        assert len(report["pids"]) == 2 and not set(report["pids"]) & set(pool.engine_pids())
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
 # ------------------------------------------------------------- shared model
 
 def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model, truth,
