@@ -488,29 +488,23 @@ def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model
     shutil.copy(trained_model, served)
     with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2) as pool:
         os.rename(served, tmp_path / "away.vw")
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child
-            try:
-                os.close(read_end)
-                first = pool.predict(common(1), items(300), timeout=0.5)
-                os.rename(tmp_path / "away.vw", served)
-                deadline = time.monotonic() + 20
-                got = []
-                while not got and time.monotonic() < deadline:
-                    got = pool.predict(common(1), items(3000), timeout=0.5)
-                report = {"first": len(first), "ok": got == truth[trained_model][1],
-                          "pids": pool.engine_pids()}
-                pool.close()
-                os.write(write_end, json.dumps(report).encode())
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        with os.fdopen(read_end) as reader:
-            report = json.loads(reader.read() or "{}")
-        os.waitpid(pid, 0)
-        assert report == {"first": 0, "ok": True, "pids": report["pids"]}, report
-        assert len(report["pids"]) == 2 and not set(report["pids"]) & set(pool.engine_pids())
+
+        def child():
+            first = pool.predict(common(1), items(300), timeout=0.5)
+            os.rename(tmp_path / "away.vw", served)
+            deadline = time.monotonic() + 20
+            got = []
+            while not got and time.monotonic() < deadline:
+                got = pool.predict(common(1), items(3000), timeout=0.5)
+            engines = pool.engine_pids()
+            pool.close()
+            return [len(first), got == truth[trained_model][1], engines]
+
+        result = in_child(child)
+        assert "error" not in result, result
+        first, exact, engines = result["ok"]
+        assert first == 0 and exact and len(engines) == 2
+        assert not set(engines) & set(pool.engine_pids())
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
