@@ -27,7 +27,7 @@ from .engine_process import EngineProcess, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, discard)
+                        WaitForPipes, replacement_retry_s, discard)
 
 logger = logging.getLogger("subwabbit")
 
@@ -91,6 +91,15 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._start_lock is None:  # made here, on the loop that runs the pool
             self._start_lock = asyncio.Lock()
         async with self._start_lock:  # two tasks starting the pool start it once
+            if self._in_forked_child():
+                # Made (and perhaps started) in a parent process, started in
+                # this one (a pool built at import under gunicorn --preload,
+                # started in each worker's lifespan): the engines started now
+                # are this process's own, and no call starts others.
+                if not self.restart_after_fork:
+                    raise self._fork_error()
+                self._owner_pid = os.getpid()
+                self._started = False
             if not self._started:
                 group, engines = await self._spawn(self.argv, self.vw_args, self.size)
                 generation = self._roster.generation
@@ -215,7 +224,8 @@ class AsyncVowpalWabbitPool(PoolBase):
             return None
         try:
             engine = await _in_executor(group, group.add_one)
-        except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
+        except Exception as exc:  # pylint: disable=broad-except
+            # (a VowpalWabbitError, or the machine out of descriptors or threads)
             return self._start_failed(exc, failures + 1, generation)
         if self._put_in_service([engine], generation, replacing=True):
             logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
@@ -269,6 +279,9 @@ class AsyncVowpalWabbitPool(PoolBase):
         if self._in_forked_child():
             if not self.restart_after_fork:
                 raise self._fork_error()
+            if not self._started:  # (as in the parent: nothing to serve with)
+                raise VowpalWabbitError(f"{type(self).__name__} is not started: await its "
+                                        "start() or use it with 'async with'")
             logger.info("this process (%d) is a fork of %d: starting the pool's own engines",
                         os.getpid(), self._owner_pid)
             self._owner_pid = os.getpid()
@@ -289,7 +302,8 @@ class AsyncVowpalWabbitPool(PoolBase):
             return None
         try:
             group, engines = await self._spawn(self.argv, self.vw_args, self.size)
-        except (VowpalWabbitError, OSError) as exc:
+        except Exception as exc:  # pylint: disable=broad-except
+            # (a VowpalWabbitError, or the machine out of descriptors or threads)
             return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
         if self._put_in_service(engines, generation, group=group):
             self._groups[generation] = group
@@ -347,7 +361,11 @@ async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]",
         pool = pool_ref()
         if pool is None:
             return
-        delay = await getattr(pool, attempt)(generation, failures)
+        try:
+            delay = await getattr(pool, attempt)(generation, failures)
+        except Exception:  # pylint: disable=broad-except
+            logger.exception("starting vw engines for the pool failed unexpectedly")
+            delay = replacement_retry_s(failures + 1)
         del pool
         if delay is None:
             return

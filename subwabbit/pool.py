@@ -26,7 +26,7 @@ from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retir
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes)
+                        WaitForPipes, replacement_retry_s)
 
 logger = logging.getLogger("subwabbit")
 
@@ -156,7 +156,8 @@ class VowpalWabbitPool(PoolBase):
             return None
         try:
             engine = group.add_one()
-        except (VowpalWabbitError, OSError) as exc:  # (OSError: out of descriptors, say)
+        except Exception as exc:  # pylint: disable=broad-except
+            # (a VowpalWabbitError, or the machine out of descriptors or threads)
             return self._start_failed(exc, failures + 1, generation)
         with self._cond:
             added = self._put_in_service([engine], generation, replacing=True)
@@ -298,7 +299,8 @@ class VowpalWabbitPool(PoolBase):
             return None
         try:
             group, engines = self._spawn(self.argv, self.vw_args, self.size)
-        except (VowpalWabbitError, OSError) as exc:
+        except Exception as exc:  # pylint: disable=broad-except
+            # (a VowpalWabbitError, or the machine out of descriptors or threads)
             return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
         with self._cond:
             if self._put_in_service(engines, generation, group=group):
@@ -363,7 +365,11 @@ def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: thre
         pool = pool_ref()
         if pool is None:
             return
-        delay = getattr(pool, attempt)(generation, failures)
+        try:
+            delay = getattr(pool, attempt)(generation, failures)
+        except Exception:  # pylint: disable=broad-except
+            logger.exception("starting vw engines for the pool failed unexpectedly")
+            delay = replacement_retry_s(failures + 1)
         del pool
         if delay is None:
             return

@@ -15,8 +15,8 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
-from conftest import (CyclesLeft, DictFormatter, common, items, proc_stat, process_gone,
-                      scoring_args)
+from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common, in_child,
+                      items, proc_stat, process_gone, scoring_args)
 
 
 def run(coroutine):
@@ -268,6 +268,31 @@ def test_a_pool_dropped_while_a_replacement_waits_is_released(trained_model, tmp
         warnings.simplefilter("ignore", ResourceWarning)
         survivor = run(main())
     assert process_gone(survivor)
+
+
+def test_a_pool_built_before_a_fork_and_started_in_the_child_runs_one_set_of_engines(
+        trained_model, truth):
+    # A pool built at import under gunicorn --preload, started in each
+    # worker's lifespan: the worker's engines are those start() started.
+    pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+
+    def child():
+        async def main():
+            with pytest.raises(VowpalWabbitError, match="not started"):
+                await pool.predict(common(1), items(30))
+            async with pool:
+                got = await pool.predict(common(1), items(3000))
+                first = pool.engine_pids()
+                await asyncio.sleep(1.5)  # time for a second start to show
+                return [got == truth[trained_model][1], first, pool.engine_pids(),
+                        pool.stats()["engines"], children_of_this_process()]
+        return asyncio.run(main())
+
+    result = in_child(child)
+    assert "error" not in result, result
+    exact, first, later, engines, children = result["ok"]
+    assert exact and engines == 2 and later == first and len(first) == 2
+    assert len(children) <= 2  # one fork server (or, without one, the two engines)
 
 
 def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):
