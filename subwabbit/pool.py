@@ -26,7 +26,7 @@ from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retir
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, replacement_retry_s)
+                        WaitForPipes, discard, replacement_retry_s)
 
 logger = logging.getLogger("subwabbit")
 
@@ -103,6 +103,8 @@ class VowpalWabbitPool(PoolBase):
                  prediction_type: Optional[str] = None,
                  low_priority_engines: Optional[bool] = None) -> None:
         self._cond = threading.Condition(threading.Lock())
+        #: engines (and groups) to stop once the state lock is released (see :meth:`_discard`)
+        self._discards: List["tuple[List[EngineProcess], Optional[EngineGroup]]"] = []
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
                              max_pending_lines=max_pending_lines, write_cutoff_s=write_cutoff_s,
                              vw_command=vw_command, metrics_hook=metrics_hook,
@@ -122,6 +124,20 @@ class VowpalWabbitPool(PoolBase):
 
     def _changed(self) -> None:
         self._cond.notify_all()
+
+    def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
+                 ) -> None:
+        # Called with the state lock held: stopping them (reaping an engine
+        # that frees a large model takes a while) waits until it is released,
+        # so that no call waits for it (see _discard_pending).
+        self._discards.append((engines, group))
+
+    def _discard_pending(self) -> None:
+        """Stop what :meth:`_discard` set aside (without the state lock)."""
+        with self._cond:
+            pending, self._discards = self._discards, []
+        for engines, group in pending:
+            discard(engines, group)
 
     def _spawn(self, argv: List[str], vw_args: List[str], count: int
                ) -> "tuple[EngineGroup, List[EngineProcess]]":
@@ -161,6 +177,7 @@ class VowpalWabbitPool(PoolBase):
             return self._start_failed(exc, failures + 1, generation)
         with self._cond:
             added = self._put_in_service([engine], generation, replacing=True)
+        self._discard_pending()
         if added:
             logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
         return None
@@ -257,8 +274,11 @@ class VowpalWabbitPool(PoolBase):
         """
         plan, timeout = self._check_reload(timeout, vw_args)
         group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
-        with self._cond:
-            idle, old_groups = self._switch_to(group, engines, plan)
+        try:
+            with self._cond:
+                idle, old_groups = self._switch_to(group, engines, plan)
+        finally:
+            self._discard_pending()
         self._close_later(idle, timeout)
         for old in old_groups:
             old.retire(timeout)
@@ -267,6 +287,7 @@ class VowpalWabbitPool(PoolBase):
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._discards = []  # the parent's to stop, not ours
         self._after_fork_in_child_base()
 
     def _start_in_fork(self) -> None:
@@ -305,6 +326,7 @@ class VowpalWabbitPool(PoolBase):
         with self._cond:
             if self._put_in_service(engines, generation, group=group):
                 self._groups[generation] = group
+        self._discard_pending()
         return None
 
     # ----------------------------------------------------------------- close

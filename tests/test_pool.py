@@ -652,6 +652,50 @@ def test_calls_do_not_hurry_a_replacement_that_waits_to_try_again(trained_model,
         assert calls > 20 and 1 <= attempts <= 3, (calls, attempts)
 
 
+def test_a_replacement_that_a_reload_overtook_is_stopped_without_holding_up_calls(
+        trained_model, second_model, truth, monkeypatch):
+    # The replacement starts, a reload switches to another model meanwhile,
+    # and the replacement, of no use now, is stopped once the pool's lock is
+    # released: reaping an engine that frees a large model takes a while,
+    # and calls must not wait for it.
+    import subwabbit.pool as pool_module  # pylint: disable=import-outside-toplevel
+    import subwabbit.pool_base as pool_base  # pylint: disable=import-outside-toplevel
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        group = pool._groups[0]  # pylint: disable=protected-access
+        started, reloaded = threading.Event(), threading.Event()
+        original_add_one = group.add_one
+
+        def add_one_overtaken():
+            engine = original_add_one()
+            started.set()
+            reloaded.wait(30)
+            return engine
+        group.add_one = add_one_overtaken
+        stops = []
+        original_discard = pool_base.discard
+
+        def spied_discard(engines, group=None, *args):
+            locked = pool._cond.acquire(False)  # pylint: disable=protected-access
+            if locked:
+                pool._cond.release()  # pylint: disable=protected-access
+            stops.append(([engine.pid for engine in engines], locked))
+            return original_discard(engines, group, *args)
+        monkeypatch.setattr(pool_module, "discard", spied_discard, raising=False)
+        monkeypatch.setattr(pool_base, "discard", spied_discard)
+        victim = pool.engine_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert process_gone(victim)
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        assert started.wait(30)
+        pool.reload(scoring_args(second_model))
+        reloaded.set()
+        assert wait_until(lambda: stops, 30)
+        (pids, lock_was_free), = stops
+        assert lock_was_free and len(pids) == 1 and process_gone(pids[0])
+        assert pids[0] not in pool.engine_pids() and len(pool.engine_pids()) == 2
+        assert pool.predict(common(2), items(3000)) == truth[second_model][2]
+
+
 def test_no_replacement_is_tried_again_once_the_pool_closed(trained_model, tmp_path):
     served = tmp_path / "served.vw"
     shutil.copy(trained_model, served)
