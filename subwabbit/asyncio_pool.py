@@ -27,7 +27,7 @@ from .engine_process import EngineProcess, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, replacement_retry_s, discard)
+                        WaitForPipes, discard, start_retry_s)
 
 logger = logging.getLogger("subwabbit")
 
@@ -96,8 +96,8 @@ class AsyncVowpalWabbitPool(PoolBase):
                 # this one (a pool built at import under gunicorn --preload,
                 # started in each worker's lifespan): the engines started now
                 # are this process's own, and no call starts others.
-                if not self.restart_after_fork:
-                    raise self._fork_error()
+                if self._started and not self.restart_after_fork:
+                    raise self._fork_error()  # (started in the parent: its engines)
                 self._owner_pid = os.getpid()
                 self._started = False
             if not self._started:
@@ -363,9 +363,10 @@ async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]",
             return
         try:
             delay = await getattr(pool, attempt)(generation, failures)
-        except Exception:  # pylint: disable=broad-except
-            logger.exception("starting vw engines for the pool failed unexpectedly")
-            delay = replacement_retry_s(failures + 1)
+        except Exception as exc:  # pylint: disable=broad-except
+            # (as text: the error's traceback holds the pool)
+            logger.error("starting vw engines for the pool failed unexpectedly: %r", exc)
+            delay = start_retry_s(failures + 1)
         del pool
         if delay is None:
             return

@@ -26,7 +26,7 @@ from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retir
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, discard, replacement_retry_s)
+                        WaitForPipes, discard, start_retry_s)
 
 logger = logging.getLogger("subwabbit")
 
@@ -137,7 +137,10 @@ class VowpalWabbitPool(PoolBase):
         with self._cond:
             pending, self._discards = self._discards, []
         for engines, group in pending:
-            discard(engines, group)
+            try:
+                discard(engines, group)
+            except Exception as exc:  # pylint: disable=broad-except
+                logger.error("stopping vw engines of no use failed: %r", exc)
 
     def _spawn(self, argv: List[str], vw_args: List[str], count: int
                ) -> "tuple[EngineGroup, List[EngineProcess]]":
@@ -287,7 +290,13 @@ class VowpalWabbitPool(PoolBase):
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._discards = []  # the parent's to stop, not ours
+        # The parent's to stop, not ours: let go of them untouched.
+        discards, self._discards = self._discards, []
+        for engines, group in discards:
+            for engine in engines:
+                engine.abandon_in_fork()
+            if group is not None:
+                group.abandon_in_fork()
         self._after_fork_in_child_base()
 
     def _start_in_fork(self) -> None:
@@ -316,16 +325,22 @@ class VowpalWabbitPool(PoolBase):
         :returns: how long to wait before the next attempt, or ``None`` when
             none is due (they started, or they are no longer wanted)
         """
-        if not self._serving(generation):
-            return None
+        group = self._new_group(self.argv, self.vw_args)
+        with self._cond:
+            if not self._serving(generation):
+                return None
+            # Recorded before it starts: close() closes it, which cuts the start short.
+            self._groups[generation] = group
         try:
-            group, engines = self._spawn(self.argv, self.vw_args, self.size)
+            engines = group.start(self.size)
         except Exception as exc:  # pylint: disable=broad-except
             # (a VowpalWabbitError, or the machine out of descriptors or threads)
+            with self._cond:
+                if self._groups.get(generation) is group:
+                    del self._groups[generation]
             return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
         with self._cond:
-            if self._put_in_service(engines, generation, group=group):
-                self._groups[generation] = group
+            self._put_in_service(engines, generation, group=group)
         self._discard_pending()
         return None
 
@@ -389,9 +404,10 @@ def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: thre
             return
         try:
             delay = getattr(pool, attempt)(generation, failures)
-        except Exception:  # pylint: disable=broad-except
-            logger.exception("starting vw engines for the pool failed unexpectedly")
-            delay = replacement_retry_s(failures + 1)
+        except Exception as exc:  # pylint: disable=broad-except
+            # (as text: the error's traceback holds the pool)
+            logger.error("starting vw engines for the pool failed unexpectedly: %r", exc)
+            delay = start_retry_s(failures + 1)
         del pool
         if delay is None:
             return

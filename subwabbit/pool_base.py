@@ -42,17 +42,18 @@ _clock = time.perf_counter
 #: How long the report of a failed engine waits for its exit status.
 _STATUS_WAIT_S = 0.05
 
-#: Seconds between attempts to start a replacement engine that failed to
-#: start (the last repeats while the pool is open and serves that model): a
-#: model file briefly missing, a start-up slower than ``startup_timeout_s``
-#: on a loaded machine or a failed fork must not leave the pool an engine
-#: short for good.
-REPLACEMENT_RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: Seconds between attempts to start engines that failed to start (a
+#: replacement, or a forked child's own engines; the last repeats while the
+#: pool is open and serves that model): a model file briefly missing, a
+#: start-up slower than ``startup_timeout_s`` on a loaded machine or a failed
+#: fork must not leave the pool an engine short, or without engines, for good.
+START_RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
-def replacement_retry_s(failures: int) -> float:
-    """How long to wait after a replacement's ``failures``-th failed start (1 or more)."""
-    return REPLACEMENT_RETRY_S[min(failures, len(REPLACEMENT_RETRY_S)) - 1]
+def start_retry_s(failures: int) -> float:
+    """How long to wait after the ``failures``-th failed start (1 or more)."""
+    return START_RETRY_S[min(failures, len(START_RETRY_S)) - 1]
+
 
 #: A call takes one more engine only while at least this many of its items
 #: are left to deal (smaller requests are served by one engine: a second
@@ -557,7 +558,7 @@ class PoolBase(ClientBase):
         """
         if not self._serving(generation):
             return None
-        delay = replacement_retry_s(failures)
+        delay = start_retry_s(failures)
         # The text, not the error: its traceback holds the pool, and a
         # handler that keeps records would keep a dropped pool alive.
         logger.warning("starting %s failed (attempt %d; the next in %g s): %s", what, failures,
@@ -635,7 +636,8 @@ class PoolBase(ClientBase):
                  ) -> None:
         """Stop engines that will never serve (and their group's fork
         server): started for a pool that closed or moved to another model.
-        The threads' pool does it at once; the asyncio pool off the loop."""
+        Called with the state lock held: the threads' pool does it once the
+        lock is released, the asyncio pool off the loop."""
         discard(engines, group)
 
     # ------------------------------------------------------ one predict call
