@@ -295,6 +295,32 @@ def test_a_pool_built_before_a_fork_and_started_in_the_child_runs_one_set_of_eng
     assert len(children) <= 2  # one fork server (or, without one, the two engines)
 
 
+def test_a_pool_started_before_a_fork_serves_the_child_with_engines_of_its_own(
+        trained_model, truth):
+    # Forked from a running loop (multiprocessing's fork, say): the child's
+    # loop serves calls with the child's own engines, the parent's untouched.
+    async def in_the_child(pool):
+        first = await pool.predict(common(1), items(300), timeout=0.001)
+        got = await pool.predict(common(1), items(3000))
+        engines = pool.engine_pids()
+        await pool.close()
+        return [len(first), got == truth[trained_model][1], engines]
+
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            parent_engines = pool.engine_pids()
+            result = in_child(lambda: asyncio.run(in_the_child(pool)))
+            assert "error" not in result, result
+            first, exact, engines = result["ok"]
+            assert first == 0 and exact and len(engines) == 2
+            assert not set(engines) & set(parent_engines)
+            assert pool.engine_pids() == parent_engines
+            assert await pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+    run(main())
+
+
 def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
