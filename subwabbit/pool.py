@@ -246,10 +246,7 @@ class VowpalWabbitPool(PoolBase):
     def _check_open(self) -> bool:
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        if self._in_forked_child():
-            self._start_in_fork()
-            return True
-        return False
+        return self._in_forked_child() and self._start_in_fork()
 
     # ----------------------------------------------------------- not served
 
@@ -299,14 +296,18 @@ class VowpalWabbitPool(PoolBase):
                 group.abandon_in_fork()
         self._after_fork_in_child_base()
 
-    def _start_in_fork(self) -> None:
+    def _start_in_fork(self) -> bool:
         """In a forked child: start the pool's own engines in the background
-        (once); calls wait for them within their deadlines."""
+        (once); calls wait for them within their deadlines.
+
+        :returns: whether this call started them (another thread's call may
+            have been first)
+        """
         if not self.restart_after_fork:
             raise self._fork_error()
         with self._cond:
             if not self._in_forked_child():
-                return
+                return False
             logger.info("this process (%d) is a fork of %d: starting the pool's own engines",
                         os.getpid(), self._owner_pid)
             self._owner_pid = os.getpid()
@@ -316,6 +317,7 @@ class VowpalWabbitPool(PoolBase):
         threading.Thread(target=_keep_trying,
                          args=(weakref.ref(self), self._cond, "_try_own_engines", generation),
                          name="subwabbit-pool-start", daemon=True).start()
+        return True
 
     def _try_own_engines(self, generation: int, failures: int) -> Optional[float]:
         """In a forked child: one attempt to start the pool's own engines

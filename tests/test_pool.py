@@ -511,6 +511,32 @@ def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
+def test_calls_racing_in_a_forked_child_count_one_restart(trained_model, truth):
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        def child():
+            restarts = []
+
+            def call():
+                metrics = {}
+                pool.predict(common(1), items(30), timeout=0.2, metrics=metrics)
+                restarts.append(metrics["restarts"])
+            threads = [threading.Thread(target=call) for _ in range(8)]
+            # All eight find the pool a fork's before one of them starts its engines.
+            with pool._cond:  # pylint: disable=protected-access
+                for thread in threads:
+                    thread.start()
+                time.sleep(0.3)
+            for thread in threads:
+                thread.join(30)
+            got = pool.predict(common(1), items(3000))
+            pool.close()
+            return [sorted(restarts), got == truth[trained_model][1]]
+
+        result = in_child(child)
+        assert "error" not in result, result
+        assert result["ok"] == [[0] * 7 + [1], True]
+
+
 # ------------------------------------------------------------- shared model
 
 def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model, truth,
