@@ -27,7 +27,7 @@ from .engine_process import EngineProcess, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, discard, start_retry_s)
+                        WaitForPipes, discard)
 
 logger = logging.getLogger("subwabbit")
 
@@ -215,21 +215,16 @@ class AsyncVowpalWabbitPool(PoolBase):
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    async def _try_replacement(self, generation: int, failures: int) -> Optional[float]:
+    async def _try_replacement(self, generation: int) -> None:
         """One attempt to start a replacement engine for ``generation`` and
         put it in service (see :meth:`VowpalWabbitPool._try_replacement
         <subwabbit.pool.VowpalWabbitPool._try_replacement>`)."""
         group = self._replacement_wanted(generation)
         if group is None:  # (closed, or another model, since it was due)
-            return None
-        try:
-            engine = await _in_executor(group, group.add_one)
-        except Exception as exc:  # pylint: disable=broad-except
-            # (a VowpalWabbitError, or the machine out of descriptors or threads)
-            return self._start_failed(exc, failures + 1, generation)
+            return
+        engine = await _in_executor(group, group.add_one)
         if self._put_in_service([engine], generation, replacing=True):
             logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
-        return None
 
     # --------------------------------------------------------------- predict
 
@@ -276,12 +271,12 @@ class AsyncVowpalWabbitPool(PoolBase):
     def _check_open(self) -> bool:
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._in_forked_child() and not self.restart_after_fork:
+            raise self._fork_error()
+        if not self._started:  # (in a forked child too: nothing to serve with)
+            raise VowpalWabbitError(f"{type(self).__name__} is not started: await its start() "
+                                    "or use it with 'async with'")
         if self._in_forked_child():
-            if not self.restart_after_fork:
-                raise self._fork_error()
-            if not self._started:  # (as in the parent: nothing to serve with)
-                raise VowpalWabbitError(f"{type(self).__name__} is not started: await its "
-                                        "start() or use it with 'async with'")
             logger.info("this process (%d) is a fork of %d: starting the pool's own engines",
                         os.getpid(), self._owner_pid)
             self._owner_pid = os.getpid()
@@ -289,25 +284,17 @@ class AsyncVowpalWabbitPool(PoolBase):
             self._background(_keep_trying(weakref.ref(self), "_try_own_engines",
                                           self._roster.generation))
             return True
-        if not self._started:
-            raise VowpalWabbitError(f"{type(self).__name__} is not started: await its start() "
-                                    "or use it with 'async with'")
         return False
 
-    async def _try_own_engines(self, generation: int, failures: int) -> Optional[float]:
+    async def _try_own_engines(self, generation: int) -> None:
         """In a forked child: one attempt to start the engines of the current
         model (see :meth:`VowpalWabbitPool._try_own_engines
         <subwabbit.pool.VowpalWabbitPool._try_own_engines>`)."""
         if not self._serving(generation):
-            return None
-        try:
-            group, engines = await self._spawn(self.argv, self.vw_args, self.size)
-        except Exception as exc:  # pylint: disable=broad-except
-            # (a VowpalWabbitError, or the machine out of descriptors or threads)
-            return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
+            return
+        group, engines = await self._spawn(self.argv, self.vw_args, self.size)
         if self._put_in_service(engines, generation, group=group):
             self._groups[generation] = group
-        return None
 
     # ----------------------------------------------------------- not served
 
@@ -352,25 +339,25 @@ class AsyncVowpalWabbitPool(PoolBase):
 async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]", attempt: str,
                        generation: int) -> None:
     """Start engines for ``generation`` of a pool with its coroutine method
-    ``attempt`` (``_try_replacement`` or ``_try_own_engines``), trying again
-    after a failure while the pool serves that model (``close()`` cancels
-    the task). Between attempts the task holds the pool only weakly: a pool
-    dropped without ``close()`` is released while a start waits."""
+    ``attempt`` (a key of :data:`~subwabbit.pool_base.START_ATTEMPTS`),
+    trying again after a failure (any exception but a cancellation) while
+    the pool serves that model (``close()`` cancels the task). Between
+    attempts the task holds the pool only weakly: a pool dropped without
+    ``close()`` is released while a start waits."""
     failures = 0
     while True:
         pool = pool_ref()
         if pool is None:
             return
         try:
-            delay = await getattr(pool, attempt)(generation, failures)
+            await getattr(pool, attempt)(generation)
+            return
         except Exception as exc:  # pylint: disable=broad-except
-            # (as text: the error's traceback holds the pool)
-            logger.error("starting vw engines for the pool failed unexpectedly: %r", exc)
-            delay = start_retry_s(failures + 1)
+            failures += 1
+            delay = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
         del pool
         if delay is None:
             return
-        failures += 1
         await asyncio.sleep(delay)
 
 

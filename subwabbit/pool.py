@@ -26,7 +26,7 @@ from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retir
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
-                        WaitForPipes, discard, start_retry_s)
+                        WaitForPipes, discard)
 
 logger = logging.getLogger("subwabbit")
 
@@ -162,28 +162,21 @@ class VowpalWabbitPool(PoolBase):
             threading.Thread(target=self._replace_if_dead_and_free, args=(pid,),
                              name="subwabbit-pool-exit", daemon=True).start()
 
-    def _try_replacement(self, generation: int, failures: int) -> Optional[float]:
+    def _try_replacement(self, generation: int) -> None:
         """One attempt to start a replacement engine for ``generation`` and
-        put it in service.
+        put it in service (nothing when it is no longer wanted).
 
-        :param failures: the attempts that failed before this one
-        :returns: how long to wait before the next attempt, or ``None`` when
-            none is due (it started, or it is no longer wanted)
+        :raises Exception: when the engine could not start (see :func:`_keep_trying`)
         """
         group = self._replacement_wanted(generation)
         if group is None:  # (closed, or another model, since it was due)
-            return None
-        try:
-            engine = group.add_one()
-        except Exception as exc:  # pylint: disable=broad-except
-            # (a VowpalWabbitError, or the machine out of descriptors or threads)
-            return self._start_failed(exc, failures + 1, generation)
+            return
+        engine = group.add_one()
         with self._cond:
             added = self._put_in_service([engine], generation, replacing=True)
         self._discard_pending()
         if added:
             logger.warning("replaced a failed vw engine of the pool: now vw[%s]", engine.pid)
-        return None
 
     # --------------------------------------------------------------- predict
 
@@ -319,32 +312,29 @@ class VowpalWabbitPool(PoolBase):
                          name="subwabbit-pool-start", daemon=True).start()
         return True
 
-    def _try_own_engines(self, generation: int, failures: int) -> Optional[float]:
+    def _try_own_engines(self, generation: int) -> None:
         """In a forked child: one attempt to start the pool's own engines
-        for ``generation`` and put them in service.
+        for ``generation`` and put them in service (nothing when they are no
+        longer wanted).
 
-        :param failures: the attempts that failed before this one
-        :returns: how long to wait before the next attempt, or ``None`` when
-            none is due (they started, or they are no longer wanted)
+        :raises Exception: when they could not start (see :func:`_keep_trying`)
         """
         group = self._new_group(self.argv, self.vw_args)
         with self._cond:
             if not self._serving(generation):
-                return None
+                return
             # Recorded before it starts: close() closes it, which cuts the start short.
             self._groups[generation] = group
         try:
             engines = group.start(self.size)
-        except Exception as exc:  # pylint: disable=broad-except
-            # (a VowpalWabbitError, or the machine out of descriptors or threads)
+        except BaseException:
             with self._cond:
                 if self._groups.get(generation) is group:
                     del self._groups[generation]
-            return self._start_failed(exc, failures + 1, generation, "the pool's vw engines")
+            raise
         with self._cond:
             self._put_in_service(engines, generation, group=group)
         self._discard_pending()
-        return None
 
     # ----------------------------------------------------------------- close
 
@@ -394,26 +384,26 @@ class VowpalWabbitPool(PoolBase):
 def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: threading.Condition,
                  attempt: str, generation: int) -> None:
     """Start engines for ``generation`` of a pool (on a thread of its own)
-    with its method ``attempt`` (:meth:`VowpalWabbitPool._try_replacement`
-    or :meth:`VowpalWabbitPool._try_own_engines`), trying again after a
-    failure while the pool serves that model. Between attempts the thread
-    holds the pool only weakly: a pool dropped without ``close()`` is
-    released, and its engines with it, while a start waits."""
+    with its method ``attempt`` (a key of
+    :data:`~subwabbit.pool_base.START_ATTEMPTS`), trying again after a
+    failure (any exception: a VowpalWabbitError, or the machine out of
+    descriptors or threads) while the pool serves that model. Between
+    attempts the thread holds the pool only weakly: a pool dropped without
+    ``close()`` is released, and its engines with it, while a start waits."""
     failures = 0
     while True:
         pool = pool_ref()
         if pool is None:
             return
         try:
-            delay = getattr(pool, attempt)(generation, failures)
+            getattr(pool, attempt)(generation)
+            return
         except Exception as exc:  # pylint: disable=broad-except
-            # (as text: the error's traceback holds the pool)
-            logger.error("starting vw engines for the pool failed unexpectedly: %r", exc)
-            delay = start_retry_s(failures + 1)
+            failures += 1
+            delay = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
         del pool
         if delay is None:
             return
-        failures += 1
         # Until the time is up, or close() or reload() (which notify) ended
         # the need; calls notify too, as they give engines back.
         retry_at = time.monotonic() + delay

@@ -55,6 +55,12 @@ def start_retry_s(failures: int) -> float:
     return START_RETRY_S[min(failures, len(START_RETRY_S)) - 1]
 
 
+#: The methods by which each driver starts engines in the background, which
+#: its ``_keep_trying`` calls until one returns, and what each starts.
+START_ATTEMPTS = {"_try_replacement": "a replacement vw engine",
+                  "_try_own_engines": "the pool's vw engines"}
+
+
 #: A call takes one more engine only while at least this many of its items
 #: are left to deal (smaller requests are served by one engine: a second
 #: would save less time than waking it costs).
@@ -550,8 +556,10 @@ class PoolBase(ClientBase):
         return self._groups.get(generation) if self._serving(generation) else None
 
     def _start_failed(self, error: BaseException, failures: int, generation: int,
-                      what: str = "a replacement vw engine") -> Optional[float]:
-        """Log a start of engines for ``generation`` that failed.
+                      attempt: str) -> Optional[float]:
+        """Log a start of engines for ``generation`` that failed (the
+        ``failures``-th in a row) in the driver's method ``attempt`` (a key
+        of :data:`START_ATTEMPTS`).
 
         :returns: how long to wait before the next attempt (``None``: none
             is wanted any more)
@@ -561,8 +569,8 @@ class PoolBase(ClientBase):
         delay = start_retry_s(failures)
         # The text, not the error: its traceback holds the pool, and a
         # handler that keeps records would keep a dropped pool alive.
-        logger.warning("starting %s failed (attempt %d; the next in %g s): %s", what, failures,
-                       delay, str(error))
+        logger.warning("starting %s failed (attempt %d; the next in %g s): %s",
+                       START_ATTEMPTS[attempt], failures, delay, str(error))
         return delay
 
     def _replace_if_dead_and_free(self, pid: int) -> None:
