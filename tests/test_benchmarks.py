@@ -479,3 +479,24 @@ def test_pool_cpu_benchmark_measures_the_pool_and_its_engine_alone(tmp_path):
         figures
     assert figures["client_us_per_prediction"] > 0 and figures["engine_us_per_line"] > 0
     assert report["medians"]["predictions_per_call"] == 300
+
+
+def test_pool_pacing_benchmark_compares_factors_on_one_pool(tmp_path):
+    path = tmp_path / "pool_pacing.json"
+    output = run_module("benchmarks.pool_pacing", "--items", "300", "--requests", "3",
+                        "--turns", "2", "--calls", "3", "--warm-up", "1", "--size", "2",
+                        "--timeout", "1", "--json", str(path), "0", "1")
+    assert "pool of 2, 300 items, timeout 1000 ms, 2 turns of 3 calls (1 unmeasured first)" \
+        in output, output
+    report = json.loads(path.read_text())
+    assert list(report["factors"]) == ["0.0", "1.0"]
+    for figures in report["factors"].values():
+        # a 1 s timeout: every call returns all its items, each factor has
+        # its 3 calls of each of the 2 turns measured
+        assert figures["calls"] == 6 and figures["mean_predictions"] == 300, figures
+        assert figures["lines_read_per_call"] >= 250, figures
+    assert report["factors"]["0.0"]["vs_first"] == 1.0
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.pool_pacing", "--", "-1"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, check=False)
+    assert refused.returncode == 2 and "factors must be 0 or more" in refused.stdout

@@ -753,3 +753,44 @@ def test_can_deal_now_says_whether_the_next_step_deals_without_an_answer():
     other.add_lane(0, Channel())
     other.step(0.95)  # past the write cut-off: nothing is dealt, ever
     assert not other.can_deal_now()
+
+
+def _left_at_deadline(lanes, factor, deadline_steps=300, per_step=(6, 3)):
+    """Lines still in flight when a call over ``lanes`` paced engines (each
+    answering ``per_step`` lines per 0.1 ms step) meets its deadline, and the
+    predictions it returned, with ``reach_factor`` ``factor``."""
+    engines = {key: PacedEngine(per_step[key % len(per_step)]) for key in range(lanes)}
+    exchange = _exchange(range(100000), batch_size=40, in_flight=120, hedge=False,
+                         deadline=deadline_steps * 1e-4)
+    exchange.reach_factor = factor
+    for key in engines:
+        exchange.add_lane(key, Channel())
+    got = []
+    for step in range(deadline_steps + 1):
+        got += exchange.step(step * 1e-4)
+        if exchange.done:
+            break
+        for lane in exchange.lanes:
+            pump(lane.channel, engines[lane.key])
+    assert exchange.timed_out
+    assert got == list(range(len(got)))
+    return {lane.key: lane.channel.in_flight_lines for lane in exchange.lanes}, len(got)
+
+
+def test_near_the_deadline_a_lane_of_a_split_call_holds_what_it_answers_in_time():
+    """Each lane is dealt no more than it answers by the deadline at its
+    pace: little is left in flight when the call ends (each lane's quarter
+    batch at most, and what its last batch holds), and the call returns as
+    much as when lanes are kept full to the end."""
+    for lanes in (2, 3):
+        full, full_got = _left_at_deadline(lanes, 0.0)
+        paced, paced_got = _left_at_deadline(lanes, 1.0)
+        assert sum(full.values()) >= 40 * lanes, full  # batches of 40 (20 on the slow lane)
+        assert all(left <= 10 for left in paced.values()), paced  # a quarter batch at most
+        assert paced_got >= full_got - 40
+
+
+def test_the_deadline_limit_spares_a_call_on_one_lane():
+    """A call on one engine keeps it full to the end (the engine's leftovers
+    overlap the calling thread's start of the next call)."""
+    assert _left_at_deadline(1, 0.0) == _left_at_deadline(1, 1.0)
