@@ -367,3 +367,38 @@ def test_command_module_shares_option_parsing():
     assert [engine.option_name(arg) for arg in ("-pfile", "--data=x", "-1", "-.5", "x")] == [
         "-p", "--data", None, None, None]
 
+
+
+@pytest.mark.parametrize("tagged", [False, True])
+def test_the_loop_writes_a_slow_models_answers_as_they_come_not_all_at_the_end(tagged):
+    """With a model at hundreds of µs a line (``--interactions iiii`` over 28
+    features), the loop writes its predictions in groups of about a
+    millisecond (not of 128 lines): the first of 60 lines read at once is
+    answered long before the last."""
+    features = " ".join(f"f{k}" for k in range(28))
+    lines = b"".join((f"1 't{index}" if tagged else "").encode() + f"|i {features} x{index}\n".encode()
+                     for index in range(60))
+    env = dict(os.environ, SUBWABBIT_ENGINE_DRIVER="loop")
+    process = subprocess.Popen(default_engine_command() + ["--interactions", "iiii", "-t", "--quiet",
+                                                           "-p", "stdout"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        process.stdin.write(b"|i warm\n")  # the engine has started once this is answered
+        process.stdin.flush()
+        assert process.stdout.readline()
+        began = time.perf_counter()
+        process.stdin.write(lines)
+        process.stdin.flush()
+        answered = []  # (time, lines so far)
+        count = 0
+        while count < 60:
+            chunk = os.read(process.stdout.fileno(), 65536)
+            assert chunk
+            count += chunk.count(b"\n")
+            answered.append((time.perf_counter() - began, count))
+    finally:
+        process.stdin.close()
+        process.wait(30)
+    first, last = answered[0][0], answered[-1][0]
+    assert len(answered) >= 3 and answered[0][1] < 30, answered
+    assert first < last / 2, answered

@@ -216,6 +216,9 @@ class Channel:
         self.in_flight_lines = 0
         #: of those, the lines of calls that have ended
         self.stale_lines = 0
+        #: lines per second the engine answered in the last split call that
+        #: measured it (:mod:`subwabbit.core.split`), ``None`` before one did
+        self.pace: Optional[float] = None
         #: bytes written and received so far (progress counts)
         self.bytes_written = 0
         self.bytes_received = 0

@@ -33,18 +33,23 @@ however slowly, costs no copy (copies cost an engine's time: copying
 whatever was left at the end of a call cost 2% of the predictions under
 steady load).
 
-Near a deadline, a call dealt to more than one engine gives a lane no more
-lines than it is expected to answer in the time left at its pace: a line
-answered after the deadline is lost to the call, and its engine spends the
-next call's first moments on it, on cores it shares with the other engines
-and the calling thread. Without that limit a pool of two on 2 vCPUs had its
-engines read 180 to 370 lines per 10 ms call beyond the 1,000 to 1,200 it
-returned; with it calls returned 1.06x to 1.17x the predictions (``python -m
-benchmarks.pool_pacing``, six runs at 3,000 and 6,000 items). A call on one
-engine is left as it was: its engine's leftovers overlap the calling
-thread's start of the next call, and the limit made no difference there
-that the measurement could tell (a pool of one: 0.94x to 1.03x, where two
-runs of the same setting against itself gave 0.96x and 1.04x).
+A lane holds no more lines than its engine is expected to answer by the
+deadline at its pace (until the call has measured it, at the pace it kept
+in its last call, which the channel keeps): a line answered after the
+deadline is lost to the call, and its engine spends the next call's first
+moments on it, on cores it shares with the other engines and the calling
+thread. Near the deadline of a call of 3,000 items, a pool of two on 2
+vCPUs had its engines read 180 to 370 lines per 10 ms call beyond the 1,000
+to 1,200 it returned; limited, calls returned 1.04x to 1.17x the
+predictions (``python -m benchmarks.pool_pacing``, nine runs at 3,000 and
+6,000 items; a pool of one, whose engine runs vw's own driver: 0.996x and
+0.972x, where the noise between runs is about 4%). For a model slow per
+line it decides whether calls return anything: at 150 to 400 µs a line,
+the 200 lines an engine may hold took longer than a call, and every 10 ms
+call of a pool of two returned nothing, each spent on the lines the one
+before it left; limited from the start of a call (and with the engines
+writing their answers about every millisecond), they returned 40 to 70
+predictions once the first calls' leftovers were answered.
 
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
 :class:`~subwabbit.core.channel.Channel`, so the channel's rules hold per
@@ -167,10 +172,10 @@ class SplitPredictExchange:
         to a lane with room when the lanes holding it went quiet
     """
 
-    #: Near the deadline of a call dealt to several engines, a lane holds at
-    #: most what it answers in this fraction of the time left at its pace
-    #: (see the module's text); ``0`` turns that limit off
-    #: (``python -m benchmarks.pool_pacing`` compares settings).
+    #: With a deadline, a lane holds at most what it answers in this
+    #: fraction of the time left at its pace (see the module's text); ``0``
+    #: turns that limit off (``python -m benchmarks.pool_pacing`` compares
+    #: settings).
     reach_factor = 1.0
 
     def __init__(self, *, formatter: Any, common_part: str, common_features: Any,
@@ -268,8 +273,15 @@ class SplitPredictExchange:
         """Take a drained lane out of the call (ending its call on the channel)."""
         if not lane.drained:
             raise ValueError("a lane is released only once its batches are answered")
+        self._keep_pace(lane)
         lane.channel.end(lane.call)
         self.lanes.remove(lane)
+
+    def _keep_pace(self, lane: Lane) -> None:
+        """Leave ``lane``'s pace in this call on its channel, for the
+        engine's next call to deal by until it has measured its own."""
+        if lane.answered >= self._least_share() and lane.busy_s > 0:
+            lane.channel.pace = lane.answered / lane.busy_s
 
     def releasable_lanes(self) -> List[Lane]:
         """Retiring lanes whose answers are all in."""
@@ -356,12 +368,14 @@ class SplitPredictExchange:
         least: the time its batches wait in it stays about the same on
         every lane, so the first unanswered batch, which decides what can
         be handed out, is never far behind the others. A lane that has not
-        answered a quarter batch yet counts as the fastest.
+        answered a quarter batch yet counts at its engine's pace in its
+        last call (:attr:`Channel.pace <subwabbit.core.channel.Channel.pace>`),
+        or as the fastest if none was measured.
 
-        With a deadline and more than one lane, a lane whose pace is known
-        holds no more than it can answer by the deadline at that pace
-        (times :attr:`reach_factor`; a quarter batch at least), and a batch
-        for it is cut to that room (see the module's text).
+        With a deadline, a lane whose pace is known (or was known in its
+        engine's last call) holds no more than it can answer by the deadline
+        at that pace (times :attr:`reach_factor`; a quarter batch at least),
+        and a batch for it is cut to that room (see the module's text).
         """
         # One pass for the paces, one for the rooms, no helper call and no
         # sort of a single lane: this runs once or twice for every step of a
@@ -377,14 +391,16 @@ class SplitPredictExchange:
             busy_s = lane.busy_s
             if self._pace and lane.answered >= floor and busy_s > 0:
                 measured = lane.answered / busy_s
-                if measured > fastest:
-                    fastest = measured
-                paces.append(measured)
+            elif self._pace:
+                measured = lane.channel.pace  # the engine's last call's (None: unknown)
             else:
-                paces.append(None)
+                measured = None
+            if measured is not None and measured > fastest:
+                fastest = measured
+            paces.append(measured)
         rooms = []
         left_s = None  # the time left to the deadline, when it limits what a lane holds
-        if self.end_at is not None and self.reach_factor and len(self.lanes) > 1:
+        if self.end_at is not None and self.reach_factor:
             left_s = (self.end_at - self._now) * self.reach_factor
         for lane, pace in zip(lanes, paces):
             if pace is not None and pace < fastest:
@@ -452,11 +468,14 @@ class SplitPredictExchange:
         return bool(self._fitting(lanes))
 
     def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
-        """``lane``'s lines answered per second it owed answers in this call,
-        ``None`` before it answered ``floor`` lines (or without pacing);
-        :meth:`_rooms` computes it inline."""
-        if not self._pace or lane.answered < floor or lane.busy_s <= 0:
+        """``lane``'s lines answered per second it owed answers in this call;
+        before it answered ``floor`` lines, its engine's in its last call
+        (``None`` if unknown, and without pacing); :meth:`_rooms` computes
+        it inline."""
+        if not self._pace:
             return None
+        if lane.answered < floor or lane.busy_s <= 0:
+            return lane.channel.pace
         return lane.answered / lane.busy_s
 
     def _hedge_wait(self) -> float:
@@ -700,6 +719,7 @@ class SplitPredictExchange:
         self.done = True
         lanes, self.lanes = self.lanes, []
         for lane in lanes:
+            self._keep_pace(lane)
             lane.channel.end(lane.call)
         return lanes
 

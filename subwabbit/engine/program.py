@@ -26,7 +26,8 @@ Two drivers feed the engine:
   a second thread per engine has no core to run on. It reads what stdin
   holds, hands the complete lines to the engine's parser in one call, has
   the engine learn from or predict each example, and writes their
-  predictions together (at least every 128 lines). It prints exactly what vw
+  predictions together (at least every 128 lines and about every
+  millisecond). It prints exactly what vw
   prints: the same numbers and tags, nothing for empty lines and save
   commands, and it saves the same models. It serves single-line examples
   with plain scalar predictions; a pool of any other model loads a copy per
@@ -50,6 +51,7 @@ import re
 import signal
 import stat
 import sys
+import time
 from typing import Any, Iterable, List, Optional, Tuple
 
 #: Environment variable that chooses the driver: ``vw`` for vw's own driver
@@ -57,6 +59,8 @@ from typing import Any, Iterable, List, Optional, Tuple
 #: unset (or anything else), the loop for a fork server's engines and vw's
 #: driver otherwise.
 DRIVER_ENV_VAR = "SUBWABBIT_ENGINE_DRIVER"
+
+_clock = time.perf_counter
 
 _DATA_OPTIONS = ("-d", "--data")
 _PREDICTION_OPTIONS = ("-p", "--predictions")
@@ -99,6 +103,13 @@ _READ_BYTES = 1 << 16
 #: per prediction and returned 6-10% more predictions within 10 ms on 2 vCPUs
 #: (a pool deals 100 lines at a time, up to 200 in flight per engine).
 _ANSWER_LINES = 128
+#: ... and at least about this often (seconds): for a model slow per line
+#: the loop writes in smaller groups, sized by the time the last group took
+#: per line. (Groups of 128 lines of a model at 300 µs a line came 40 ms
+#: apart, and a pool's 10 ms calls returned nothing.)
+_ANSWER_S = 0.001
+#: the group of the loop's first lines, before any is timed
+_FIRST_ANSWER_LINES = 8
 _BOM = b"\xef\xbb\xbf"
 #: A featureless example tagged ``save...`` (the tag touches the ``|``; a
 #: label may come first): vw's command to save the model, ``save_PATH|``
@@ -259,6 +270,8 @@ class OneThreadLoop:
         self._prediction = pylibvw.example.get_simplelabel_prediction
         self._tag = pylibvw.example.get_tag
         self._namespaces = pylibvw.example.num_namespaces
+        #: predictions written together (see _ANSWER_S)
+        self.answer_lines = _FIRST_ANSWER_LINES
 
     def run(self) -> None:
         """Serve stdin until it ends."""
@@ -326,6 +339,7 @@ class OneThreadLoop:
         tag = ""
         workspace, learn, finish, prediction, tag_of, append = (
             self.workspace, self._learn, self._finish, self._prediction, self._tag, output.append)
+        began = _clock()
         for index, example in enumerate(self._parse(text)):
             try:
                 tag = tag_of(example)
@@ -346,27 +360,47 @@ class OneThreadLoop:
             if number == "nan":
                 number = scalar_text(value)
             append(f"{number} {tag}" if tag else number)
-            if len(output) == _ANSWER_LINES:
-                self._flush(output)
+            if len(output) >= self.answer_lines:
+                began = self._flush_group(output, began)
 
     def _serve_untagged(self, examples: List[Any], output: List[str]) -> None:
-        """Predict examples without tags, writing their predictions every
-        :data:`_ANSWER_LINES`: each group's numbers are formatted in one
+        """Predict examples without tags, writing their predictions in groups
+        (see :meth:`_flush_group`): each group's numbers are formatted in one
         operation (a tenth less time per line than one at a time)."""
         workspace, learn, finish, prediction = (
             self.workspace, self._learn, self._finish, self._prediction)
-        for start in range(0, len(examples), _ANSWER_LINES):
+        start, began = 0, _clock()
+        while start < len(examples):
             values: List[float] = []
             keep = values.append
+            end = start + self.answer_lines
             try:
-                for example in examples[start:start + _ANSWER_LINES]:
+                for example in examples[start:end]:
                     learn(workspace, example)
                     keep(prediction(example))
                     finish(workspace, example)
             finally:  # what was predicted before an error is printed, as vw would
                 if values:
                     output.append(scalars_text(values))
-            self._flush(output)
+            began = self._flush_group(output, began, len(values))
+            start = end
+
+    def _flush_group(self, output: List[str], began: float, lines: int = 0) -> float:
+        """Write a group of predictions (``lines`` of them, or one per entry
+        of ``output``), and size the next group so that it takes about
+        :data:`_ANSWER_S` at this group's time per line (:data:`_ANSWER_LINES`
+        at most).
+
+        :returns: the time the next group begins
+        """
+        lines = lines or len(output)
+        self._flush(output)
+        now = _clock()
+        if lines:
+            per_line = (now - began) / lines
+            fit = int(_ANSWER_S / per_line) if per_line > 0 else _ANSWER_LINES
+            self.answer_lines = max(1, min(_ANSWER_LINES, fit))
+        return now
 
     def _save(self, tag: bytes) -> None:
         """vw's save command: the tag ``save_PATH`` saves to PATH, other
