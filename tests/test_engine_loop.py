@@ -383,9 +383,14 @@ def test_the_loop_writes_a_slow_models_answers_as_they_come_not_all_at_the_end(t
                                                            "-p", "stdout"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
-        process.stdin.write(b"|i warm\n")  # the engine has started once this is answered
+        # The engine has started once these are answered, and has timed such lines.
+        process.stdin.write(f"|i {features}\n".encode() * 4)
         process.stdin.flush()
-        assert process.stdout.readline()
+        warm = 0
+        while warm < 4:
+            chunk = os.read(process.stdout.fileno(), 65536)
+            assert chunk
+            warm += chunk.count(b"\n")
         began = time.perf_counter()
         process.stdin.write(lines)
         process.stdin.flush()

@@ -48,7 +48,7 @@ line it decides whether calls return anything: at 150 to 400 µs a line,
 the 200 lines an engine may hold took longer than a call, and every 10 ms
 call of a pool of two returned nothing, each spent on the lines the one
 before it left; limited from the start of a call (and with the engines
-writing their answers about every millisecond), they returned 40 to 70
+writing their answers every 2 ms of their CPU or so), they returned 40 to 70
 predictions once the first calls' leftovers were answered.
 
 Each lane is a :class:`~subwabbit.core.channel.Call` on that engine's
