@@ -132,6 +132,14 @@ class AsyncVowpalWabbitProcess(ClientBase):
     with ``restart_after_fork=False``).
     """
 
+    #: Keep in flight no more lines than the engine answers by the deadline
+    #: at its pace (see :attr:`subwabbit.core.exchanges.Pacing.reach_at_deadline`):
+    #: with a model at a few hundred µs a line, up to ``max_pending_lines``
+    #: in flight outlasted a 10 ms call and most calls returned nothing.
+    #: ``False`` on an instance keeps ``max_pending_lines`` in flight to the
+    #: write cut-off, as subwabbit 3.0 did (benchmarks compare the two).
+    reach_at_deadline = True
+
     _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
                       "generating_lines_time", "sending_lines_time", "receiving_lines_time")
 
@@ -165,7 +173,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     def _pacing(self) -> Pacing:
         return Pacing(batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
-                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True)
+                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True,
+                      reach_at_deadline=self.reach_at_deadline)
 
     # -------------------------------------------------------------- status
 

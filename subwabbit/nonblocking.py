@@ -58,7 +58,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
     """A VW model served by a vw engine over non-blocking pipes, for hard deadlines.
 
     ``predict`` never blocks in a system call: it formats lines while fewer
-    than ``max_pending_lines`` are in flight, writes what the pipe takes,
+    than ``max_pending_lines`` are in flight (and fewer than the engine
+    answers by the deadline at its pace), writes what the pipe takes,
     reads what has arrived, and sleeps in ``select``/``poll`` until the engine
     is ready or the deadline comes. It returns by the deadline with the
     predictions it has. Lines still in flight then are cleared (their
@@ -100,6 +101,14 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
     :raises NotImplementedError: on an operating system other than Linux
     """
 
+    #: Keep in flight no more lines than the engine answers by the deadline
+    #: at its pace (see :attr:`subwabbit.core.exchanges.Pacing.reach_at_deadline`):
+    #: with a model at a few hundred µs a line, up to ``max_pending_lines``
+    #: in flight outlasted a 10 ms call and most calls returned nothing.
+    #: ``False`` on an instance keeps ``max_pending_lines`` in flight to the
+    #: write cut-off, as subwabbit 3.0 did (benchmarks compare the two).
+    reach_at_deadline = True
+
     def __init__(self, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs,
                  batch_size: int = DEFAULT_BATCH_SIZE, audit_mode: bool = False,
                  max_pending_lines: int = DEFAULT_MAX_PENDING_LINES,
@@ -130,7 +139,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
 
     def _pacing(self) -> Pacing:
         return Pacing(batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
-                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True)
+                      write_cutoff_s=self.write_cutoff_s, hard_deadline=True,
+                      reach_at_deadline=self.reach_at_deadline)
 
     @property
     def write_timeout_ms(self) -> float:

@@ -360,3 +360,25 @@ def pipe_on_freed_numbers(engine: Any) -> Iterator[PlantedPipe]:
     finally:
         for number in planted.numbers + [read_end, write_end]:
             os.close(number)
+
+
+class WideItems(DictFormatter):
+    """Items of ``features`` features each: with ``--interactions iiii`` about
+    30 µs a line at 18 features, 200 to 400 µs at 28 (2 vCPUs)."""
+
+    def __init__(self, features):
+        super().__init__()
+        self.features = features
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        return "|i " + " ".join(f"f{item_features['id']}_{k}" for k in range(self.features))
+
+
+def wide_model(tmp_path, features):
+    """Arguments to serve a model of ``--interactions iiii`` over items of
+    ``features`` features, trained on a few of them."""
+    model = str(tmp_path / "wide.vw")
+    with VowpalWabbitProcess(WideItems(features), ["--interactions", "iiii", "-f", model,
+                                                   "--quiet"], write_only=True) as trainer:
+        trainer.train(common(0), items(40), [1 if k % 3 else -1 for k in range(40)], [None] * 40)
+    return ["-i", model, "-t", "--quiet"]

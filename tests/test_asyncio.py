@@ -12,7 +12,8 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
-                      common, expected_for, items, scoring_args, slow_starting_engine)
+                      WideItems, common, expected_for, items, scoring_args, slow_starting_engine,
+                      wide_model)
 
 
 def run(coroutine):
@@ -456,3 +457,25 @@ def test_a_cancelled_save_is_cleaned_up_after_the_loop_ends(tmp_path):
     while os.listdir(tmp_path) and time.perf_counter() < until:
         time.sleep(0.02)
     assert sorted(os.listdir(tmp_path)) == ([] if cancelled else ["model.vw"])
+
+
+def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_path):
+    """As the nonblocking class: at a few hundred µs a line, a call keeps in
+    flight only what the engine answers by its deadline, so that every call
+    after the first few returns some predictions (most returned none)."""
+    args = wide_model(tmp_path, 28)
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(WideItems(28), args) as model:
+            truth = {user: await model.predict(common(user), items(400)) for user in range(3)}
+            assert len(set(truth[0][:50])) > 10
+            lengths = []
+            for call in range(16):
+                got = await model.predict(common(call % 3), items(3000), timeout=0.010)
+                assert got == truth[call % 3][:len(got)]
+                assert len(got) < 400  # the deadline ended the call
+                lengths.append(len(got))
+            return lengths
+
+    lengths = run(main())
+    assert min(lengths[6:]) > 0, lengths

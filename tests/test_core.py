@@ -851,3 +851,46 @@ def test_an_example_answered_by_one_line_settles_all_its_items():
     channel.receive(b"1,2,3\n")
     assert channel.in_flight_lines == 0 and call.owed_lines == 0
     assert call.take_answers() == [b"1,2,3"]
+
+
+def _reaching(**overrides):
+    """A nonblocking pacing that keeps in flight what the engine answers by the deadline."""
+    settings = dict(batch_size=40, max_in_flight_lines=100, reach_at_deadline=True)
+    settings.update(overrides)
+    return Pacing(**settings)
+
+
+def test_reach_pacing_keeps_in_flight_what_the_engine_answers_by_the_deadline():
+    channel = Channel()
+    exchange = _predict(channel, range(1000), _reaching(), deadline=10.0)
+    assert exchange.pace() is None
+    for _ in range(5):
+        exchange.step(0.0)
+    assert channel.in_flight_lines == 100  # no pace known: max_in_flight_lines
+    # 20 answered in 2 s of the call with lines in flight: 10 a second
+    # (the step refilled before it took them: 100 in flight)
+    assert _answer_all(channel, exchange, 0, 20, 2.0) == list(range(20))
+    assert exchange.pace() == 10.0 and exchange.in_flight_limit(2.0) == 80  # 8 s left
+    # 60 more by 6 s: 80 in 6 s, 4 s left: 53 expected, 40 in flight, 13 sent
+    assert _answer_all(channel, exchange, 20, 60, 6.0) == list(range(20, 80))
+    assert channel.in_flight_lines == 40
+    exchange.step(6.0)
+    assert channel.in_flight_lines == 53
+    assert exchange.in_flight_limit(9.5) == 10  # 6.7 expected: a quarter batch at least
+    exchange.end()
+    assert channel.pace == 80 / 6.0  # for the next call on this engine
+
+
+def test_reach_pacing_starts_a_call_at_the_engines_last_pace():
+    """A call deals by the engine's pace in its last call until it has
+    measured its own: 5 lines a second with 4 s left, 20 lines; a channel
+    no call measured gets ``max_in_flight_lines``; without the pacing, the
+    last pace is ignored."""
+    for pace, reach, expected in ((5.0, True, 20), (None, True, 100), (5.0, False, 100)):
+        channel = Channel()
+        channel.pace = pace
+        exchange = _predict(channel, range(1000), _reaching(reach_at_deadline=reach),
+                            deadline=4.0)
+        for _ in range(5):
+            exchange.step(0.0)
+        assert channel.in_flight_lines == expected, (pace, reach)

@@ -21,13 +21,12 @@ import weakref
 
 import pytest
 
-from subwabbit import (VowpalWabbitError, VowpalWabbitPool, VowpalWabbitProcess,
-                       VowpalWabbitStartupError)
+from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 from subwabbit.core.split import SplitPredictExchange
 
-from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common,
-                      in_child, items,
+from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
+                      in_child, items, wide_model,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
                       wait_until)
 
@@ -86,28 +85,6 @@ def test_deadline_gives_a_prefix_by_the_deadline_and_the_next_call_is_exact(
     assert pool.predict(common(0), items(3000)) == truth[trained_model][0]
 
 
-class WideItems(DictFormatter):
-    """Items of ``features`` features each: with ``--interactions iiii`` about
-    30 µs a line at 18 features, 200 to 400 µs at 28 (2 vCPUs)."""
-
-    def __init__(self, features):
-        super().__init__()
-        self.features = features
-
-    def format_item_features(self, common_features, item_features, debug_info=None):
-        return "|i " + " ".join(f"f{item_features['id']}_{k}" for k in range(self.features))
-
-
-def _wide_model(tmp_path, features):
-    """Arguments to serve a model of ``--interactions iiii`` over items of
-    ``features`` features, trained on a few of them."""
-    model = str(tmp_path / "wide.vw")
-    with VowpalWabbitProcess(WideItems(features), ["--interactions", "iiii", "-f", model,
-                                                   "--quiet"], write_only=True) as trainer:
-        trainer.train(common(0), items(40), [1 if k % 3 else -1 for k in range(40)], [None] * 40)
-    return ["-i", model, "-t", "--quiet"]
-
-
 def _deadline_calls(pool, calls):
     """``calls`` calls of 3,000 items with a 10 ms deadline, each checked
     against the same items without one: their lengths, and the lines each
@@ -130,7 +107,7 @@ def test_near_its_deadline_a_split_call_leaves_little_in_flight_and_stays_exact(
     answers by then at its pace: it ends leaving far fewer lines in flight
     than with that limit off (``reach_factor`` 0: each engine holds up to
     200 lines until the write cut-off, here 6 ms of its work)."""
-    with VowpalWabbitPool(WideItems(18), _wide_model(tmp_path, 18), size=2) as pool:
+    with VowpalWabbitPool(WideItems(18), wide_model(tmp_path, 18), size=2) as pool:
         on = statistics.median(_deadline_calls(pool, 12)[1])
         monkeypatch.setattr(SplitPredictExchange, "reach_factor", 0.0)
         off = statistics.median(_deadline_calls(pool, 12)[1])
@@ -143,7 +120,7 @@ def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_p
     each spent on the lines the one before it left. Each engine is now
     dealt what it answers by the deadline at its pace in its last call, and
     writes its answers as they come (not 128 at a time)."""
-    with VowpalWabbitPool(WideItems(28), _wide_model(tmp_path, 28), size=2) as pool:
+    with VowpalWabbitPool(WideItems(28), wide_model(tmp_path, 28), size=2) as pool:
         lengths, _ = _deadline_calls(pool, 16)
     assert statistics.median(lengths[4:]) > 0, lengths
 

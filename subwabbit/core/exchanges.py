@@ -58,6 +58,13 @@ class Pacing(NamedTuple):
         ``max_in_flight_lines``). Single-line kinds only: a multi-line call
         queues its one example when ``max_in_flight_lines`` leaves room.
         ``None``: ``max_in_flight_lines`` at any time
+    :param reach_at_deadline: with a deadline, keep in flight no more than
+        the engine is expected to answer by then (a quarter batch at least),
+        at its pace in this call once it has answered a quarter batch, and
+        before that at its pace in its last such call (kept on the channel,
+        :attr:`Channel.pace <subwabbit.core.channel.Channel.pace>`): a line
+        answered after the deadline is lost to the call and delays the next
+        one. Single-line kinds only
     """
 
     batch_size: int
@@ -67,6 +74,7 @@ class Pacing(NamedTuple):
     hard_deadline: bool = True
     max_lateness_s: Optional[float] = None
     lines_at_deadline: Optional[int] = None
+    reach_at_deadline: bool = False
 
 
 class Exchange:
@@ -223,11 +231,17 @@ class PredictExchange(Exchange):
         self._clock = clock
         #: the ``now`` of the first step (for the engine's rate in this call)
         self._began: Optional[float] = None
+        #: seconds of the call during which it had lines in flight (its pace:
+        #: see :meth:`pace`), and since when it has had them
+        self.busy_s = 0.0
+        self._busy_since: Optional[float] = None
 
     def _advance(self, now: float) -> List[Any]:
         channel, call = self.channel, self.call
         if self._began is None:
             self._began = now
+        if self._busy_since is not None:
+            self.busy_s += now - self._busy_since
         if self.cleared_at is None and not channel.stale_lines:
             self.cleared_at = now
         if self.producing:
@@ -240,6 +254,7 @@ class PredictExchange(Exchange):
                 room = self.in_flight_limit(now) - channel.in_flight_lines
                 if room >= self.pacing.min_batch:
                     self._produce(min(room, self.pacing.batch_size))
+        self._busy_since = now if channel.in_flight_lines else None
         answers = call.take_answers()
         if not answers:
             return []
@@ -252,6 +267,14 @@ class PredictExchange(Exchange):
         :attr:`Pacing.lines_at_deadline`); never less than ``min_batch``, so
         that a call with nothing in flight can always send."""
         pacing = self.pacing
+        if pacing.reach_at_deadline and self.deadline is not None:
+            limit = max(pacing.min_batch, pacing.max_in_flight_lines)
+            pace = self.pace()
+            if pace is not None:
+                reach = pace * max(0.0, self.deadline - now)
+                if reach < limit:
+                    limit = max(self._least_lines(), int(reach))
+            return limit
         if pacing.lines_at_deadline is None or self.deadline is None:
             return max(pacing.min_batch, pacing.max_in_flight_lines)
         elapsed = now - self._began if self._began is not None else 0.0
@@ -264,6 +287,24 @@ class PredictExchange(Exchange):
             ahead = pacing.batch_size
         return max(pacing.min_batch,
                    min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead))
+
+    def _least_lines(self) -> int:
+        """The fewest lines :attr:`Pacing.reach_at_deadline` keeps in flight
+        (a quarter batch), and the answers after which this call's pace counts."""
+        return max(self.pacing.min_batch, self.pacing.batch_size // 4, 1)
+
+    def pace(self) -> Optional[float]:
+        """The engine's answers per second while this call had lines in
+        flight, once it has answered :meth:`_least_lines`; before that, its
+        pace in its last call (``None``: unknown)."""
+        if self.returned >= self._least_lines() and self.busy_s > 0:
+            return self.returned / self.busy_s
+        return self.channel.pace
+
+    def end(self) -> None:
+        if self.returned >= self._least_lines() and self.busy_s > 0:
+            self.channel.pace = self.returned / self.busy_s
+        super().end()
 
     def _produce(self, want: int) -> None:
         parts = self._format(want)
