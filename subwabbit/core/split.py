@@ -389,6 +389,7 @@ class SplitPredictExchange:
         paces: List[Optional[float]] = []
         for lane in lanes:  # _pace_of()
             busy_s = lane.busy_s
+            measured: Optional[float]
             if self._pace and lane.answered >= floor and busy_s > 0:
                 measured = lane.answered / busy_s
             elif self._pace:
