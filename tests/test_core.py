@@ -894,3 +894,12 @@ def test_reach_pacing_starts_a_call_at_the_engines_last_pace():
         for _ in range(5):
             exchange.step(0.0)
         assert channel.in_flight_lines == expected, (pace, reach)
+
+
+def test_reach_pacing_takes_an_infinite_deadline():
+    channel = Channel()
+    channel.pace = 5.0
+    exchange = _predict(channel, range(1000), _reaching(), deadline=math.inf)
+    for _ in range(5):
+        exchange.step(0.0)
+    assert channel.in_flight_lines == 100

@@ -8,6 +8,7 @@ failed lane left behind reaches another call.
 """
 
 import collections
+import math
 import random
 
 import pytest
@@ -817,3 +818,11 @@ def test_a_lane_deals_by_its_engines_last_pace_until_it_has_measured_its_own():
         exchange.end()
         assert 25000 < channel.pace <= 30000  # this call's pace, for the next
         assert lane.answered >= 27
+
+
+def test_a_lane_with_a_known_pace_takes_an_infinite_deadline():
+    channel = Channel()
+    channel.pace = 1000.0
+    exchange = _exchange(range(300), batch_size=40, in_flight=120, deadline=math.inf)
+    exchange.add_lane("a", channel)
+    assert _run(exchange, {"a": SimulatedEngine()}) == list(range(300))

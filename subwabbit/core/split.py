@@ -416,9 +416,9 @@ class SplitPredictExchange:
                 lane_limit, lane_size = limit, size
             in_flight = lane.channel.in_flight_lines
             if pace is not None and left_s is not None:
-                reach = int(pace * left_s)
+                reach = pace * left_s  # (compared before int(): a deadline may be infinite)
                 if reach < lane_limit:
-                    lane_limit = reach if reach > floor else floor
+                    lane_limit = int(reach) if reach > floor else floor
                     if lane_limit - in_flight < lane_size:
                         lane_size = lane_limit - in_flight
                         if lane_size < floor:
