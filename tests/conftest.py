@@ -382,3 +382,21 @@ def wide_model(tmp_path, features):
                                                    "--quiet"], write_only=True) as trainer:
         trainer.train(common(0), items(40), [1 if k % 3 else -1 for k in range(40)], [None] * 40)
     return ["-i", model, "-t", "--quiet"]
+
+
+def deadline_calls(predict, calls, known=3000, after_each=None):
+    """``calls`` calls of ``predict`` (which returns a list) on 3,000 items
+    with a 10 ms deadline, each checked against the first ``known`` items
+    predicted without one, of which fewer must come back (the deadline ended
+    the call): the calls' lengths, and what ``after_each()`` returned after
+    each (``None`` without it)."""
+    truth = {user: predict(common(user), items(known)) for user in range(3)}
+    assert len(set(truth[0][:50])) > 10
+    lengths, after = [], []
+    for call in range(calls):
+        got = predict(common(call % 3), items(3000), timeout=0.010)
+        assert got == truth[call % 3][:len(got)]
+        assert len(got) < known  # the deadline ended the call
+        lengths.append(len(got))
+        after.append(after_each() if after_each is not None else None)
+    return lengths, after

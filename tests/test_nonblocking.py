@@ -9,7 +9,8 @@ import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitNonBlockingProcess
 
-from conftest import WideItems, common, expected_scalars, format_lines, items, scoring_args, wide_model
+from conftest import (WideItems, deadline_calls, expected_scalars, format_lines, items,
+                      scoring_args, wide_model)
 
 COMMON = {"user": 4, "ctx": ["k3"]}
 
@@ -166,20 +167,6 @@ def test_metrics_hook_and_debug_info(formatter, trained_model):
         assert "after_cleanup_pending_lines" in seen[-1] and seen[-1]["total_time"] > 0
 
 
-def _slow_model_calls(model, calls, run=list):
-    """``calls`` calls of 3,000 items with a 10 ms deadline, each checked
-    against the same items without one: their lengths."""
-    truth = {user: run(model.predict(common(user), items(3000)[:400])) for user in range(3)}
-    assert len(set(truth[0][:50])) > 10
-    lengths = []
-    for call in range(calls):
-        got = run(model.predict(common(call % 3), items(3000), timeout=0.010))
-        assert got == truth[call % 3][:len(got)]
-        assert len(got) < 400  # the deadline ended the call
-        lengths.append(len(got))
-    return lengths
-
-
 def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_path):
     """At a few hundred µs a line, the 100 lines the process may keep in
     flight outlast a 10 ms call: kept to the end, they left the next call
@@ -188,5 +175,6 @@ def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_p
     engine answers by the deadline at its pace, every call after the first
     few returns some."""
     with VowpalWabbitNonBlockingProcess(WideItems(28), wide_model(tmp_path, 28)) as model:
-        lengths = _slow_model_calls(model, 16)
+        lengths, _ = deadline_calls(lambda *args, **kwargs: list(model.predict(*args, **kwargs)),
+                                    16, known=400)
     assert min(lengths[6:]) > 0, lengths

@@ -26,7 +26,7 @@ from subwabbit.command import default_engine_command
 from subwabbit.core.split import SplitPredictExchange
 
 from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
-                      in_child, items, wide_model,
+                      deadline_calls, in_child, items, wide_model,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
                       wait_until)
 
@@ -86,19 +86,10 @@ def test_deadline_gives_a_prefix_by_the_deadline_and_the_next_call_is_exact(
 
 
 def _deadline_calls(pool, calls):
-    """``calls`` calls of 3,000 items with a 10 ms deadline, each checked
-    against the same items without one: their lengths, and the lines each
+    """:func:`conftest.deadline_calls` on ``pool``, with the lines each call
     left in flight on the engines."""
-    truth = {user: pool.predict(common(user), items(3000)) for user in range(3)}
-    assert len(set(truth[0][:50])) > 10
-    lengths, left = [], []
-    for call in range(calls):
-        got = pool.predict(common(call % 3), items(3000), timeout=0.010)
-        assert got == truth[call % 3][:len(got)]
-        assert len(got) < 3000  # the deadline ended the call
-        lengths.append(len(got))
-        left.append(sum(slot.channel.in_flight_lines for slot in pool._roster.slots))
-    return lengths, left
+    return deadline_calls(pool.predict, calls, after_each=lambda: sum(
+        slot.channel.in_flight_lines for slot in pool._roster.slots))
 
 
 def test_near_its_deadline_a_split_call_leaves_little_in_flight_and_stays_exact(

@@ -267,16 +267,18 @@ class PredictExchange(Exchange):
         :attr:`Pacing.lines_at_deadline`); never less than ``min_batch``, so
         that a call with nothing in flight can always send."""
         pacing = self.pacing
-        if pacing.reach_at_deadline and self.deadline is not None:
-            limit = max(pacing.min_batch, pacing.max_in_flight_lines)
+        most = max(pacing.min_batch, pacing.max_in_flight_lines)
+        if self.deadline is None:
+            return most
+        if pacing.reach_at_deadline:
             pace = self.pace()
             if pace is not None:
                 reach = pace * max(0.0, self.deadline - now)
-                if reach < limit:
-                    limit = max(self._least_lines(), int(reach))
-            return limit
-        if pacing.lines_at_deadline is None or self.deadline is None:
-            return max(pacing.min_batch, pacing.max_in_flight_lines)
+                if reach < most:
+                    return max(self._least_lines(), int(reach))
+            return most
+        if pacing.lines_at_deadline is None:
+            return most
         elapsed = now - self._began if self._began is not None else 0.0
         if self.returned and elapsed > 0:
             # what the engine should answer before the deadline, at this call's
