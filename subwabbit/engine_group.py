@@ -313,7 +313,12 @@ class EngineGroup:
             server.abandon_in_fork()
 
 
-#: How much lower than the client an engine of a crowded pool runs (nice steps).
+#: How much lower than the client an engine of a crowded pool runs (nice
+#: steps). 10 rather than 5, on 2 vCPUs with a pool of 2 and timeout=10 ms:
+#: +2.6% to +3.7% predictions per call in three runs that changed the nice
+#: value of one pool's engines between turns, but 0.972x and 0.992x in two
+#: runs of ``python -m benchmarks.pool_pacing --nice 5 10`` (one pool per
+#: value): no setting clearly better.
 LOW_PRIORITY_NICE = 5
 
 

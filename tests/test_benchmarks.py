@@ -10,7 +10,11 @@ import time
 
 import pytest
 
-from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitProcess
+from benchmarks.pool_pacing import set_engines_nice
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitPool, VowpalWabbitProcess
+from subwabbit.engine_process import threads_of
+
+from conftest import DictFormatter, scoring_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -489,14 +493,42 @@ def test_pool_pacing_benchmark_compares_factors_on_one_pool(tmp_path):
     assert "pool of 2, 300 items, timeout 1000 ms, 2 turns of 3 calls (1 unmeasured first)" \
         in output, output
     report = json.loads(path.read_text())
-    assert list(report["factors"]) == ["0.0", "1.0"]
-    for figures in report["factors"].values():
+    assert report["compared"] == "factor"
+    assert list(report["settings"]) == ["0.0", "1.0"]
+    for figures in report["settings"].values():
         # a 1 s timeout: every call returns all its items, each factor has
         # its 3 calls of each of the 2 turns measured
         assert figures["calls"] == 6 and figures["mean_predictions"] == 300, figures
         assert figures["lines_read_per_call"] >= 250, figures
-    assert report["factors"]["0.0"]["vs_first"] == 1.0
-    refused = subprocess.run([sys.executable, "-m", "benchmarks.pool_pacing", "--", "-1"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, check=False)
-    assert refused.returncode == 2 and "factors must be 0 or more" in refused.stdout
+        assert figures["late_calls"] == 0, figures
+    assert report["settings"]["0.0"]["vs_first"] == 1.0
+    for args, message in ((["--", "-1"], "factors must be 0 or more"),
+                          (["--nice", "20"], "nice values must be 0 to 19")):
+        refused = subprocess.run([sys.executable, "-m", "benchmarks.pool_pacing"] + args,
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, check=False)
+        assert refused.returncode == 2 and message in refused.stdout, refused.stdout
+
+
+def test_pool_pacing_benchmark_compares_engine_nice_values_one_pool_each(tmp_path):
+    path = tmp_path / "pool_nice.json"
+    output = run_module("benchmarks.pool_pacing", "--items", "300", "--requests", "3",
+                        "--turns", "2", "--calls", "3", "--warm-up", "1", "--size", "2",
+                        "--timeout", "1", "--json", str(path), "--nice", "0", "3")
+    assert "nice 3" in output, output
+    report = json.loads(path.read_text())
+    assert report["compared"] == "nice" and list(report["settings"]) == ["nice 0", "nice 3"]
+    for figures in report["settings"].values():
+        assert figures["calls"] == 6 and figures["mean_predictions"] == 300, figures
+
+
+def test_engines_nice_is_set_on_every_engine_thread(trained_model):
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          low_priority_engines=False) as pool:
+        set_engines_nice(pool, 3)
+        tids = [tid for pid in pool.engine_pids() for tid in threads_of(pid)]
+        assert len(tids) >= 2
+        for tid in tids:
+            assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, mine + 3)
+            assert os.sched_getscheduler(tid) == os.SCHED_BATCH

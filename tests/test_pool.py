@@ -24,6 +24,7 @@ import pytest
 from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
 from subwabbit.command import default_engine_command
 from subwabbit.core.split import SplitPredictExchange
+from subwabbit.engine_group import LOW_PRIORITY_NICE
 
 from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
                       deadline_calls, in_child, items, wide_model,
@@ -1000,7 +1001,7 @@ def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, sh
                           share_weights=share, low_priority_engines=True) as pool:
         for pid in pool.engine_pids():
             assert os.sched_getscheduler(pid) == os.SCHED_BATCH
-            assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + 5)
+            assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + LOW_PRIORITY_NICE)
         victim = pool.engine_pids()[0]
         os.kill(victim, signal.SIGKILL)
         assert process_gone(victim)
