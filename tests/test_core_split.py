@@ -163,6 +163,30 @@ def test_the_write_cutoff_forgets_what_a_silent_engine_never_took():
     assert got == list(range(first_of_b))
 
 
+def test_after_the_cutoff_a_call_ends_once_its_results_are_out_not_at_its_deadline():
+    """When the cut-off ends the results at a line one engine had not taken,
+    what another engine still owes for later items can never be handed out:
+    the call ends as soon as the results before that line are out, instead of
+    holding both engines until its deadline."""
+    exchange = _exchange(range(40), deadline=1.0, cutoff=0.5, batch_size=10, in_flight=10,
+                         hedge=False)
+    a, b = exchange.add_lane("a", Channel()), exchange.add_lane("b", Channel())
+    assert exchange.step(0.0) == [] and exchange.step(0.0) == []
+    assert [share.batch.start for share in a.shares] == [0]
+    assert [share.batch.start for share in b.shares] == [10]
+    line = len(b"|c |x 0\n")
+    a.channel.write_with(lambda view: 4 * line)  # a's pipe takes 4 lines of its batch
+    b.channel.write_with(len)  # b takes its whole batch, and answers nothing yet
+    assert exchange.step(0.6) == []  # the cut-off: the results end at item 4
+    assert not exchange.done
+    a.channel.receive(b"0\n1\n2\n3\n")
+    assert exchange.step(0.61) == [0, 1, 2, 3]
+    assert exchange.done and not exchange.timed_out
+    assert b.channel.in_flight_lines == 10  # left in flight, discarded as it arrives
+    exchange.end()
+    assert b.channel.stale_lines == 10
+
+
 def test_the_deadline_ends_the_call_with_the_prefix_it_has():
     engine = SimulatedEngine()
     exchange = _exchange(range(100), deadline=1.0)

@@ -325,9 +325,20 @@ class SplitPredictExchange:
         results = self._hand_out()
         if not self.dealing and all(lane.drained for lane in self.lanes):
             self.done = True
+        elif self._cut_off and self._example_kind is None and self._all_handed_out():
+            # What the lanes still owe lies past the end of the results (a
+            # line before it never reached an engine): waiting for it would
+            # only hold the engines until the deadline.
+            self.done = True
         elif self.end_at is not None and now >= self.end_at:
             self.done = self.timed_out = True
         return results
+
+    def _all_handed_out(self) -> bool:
+        """After the write cut-off: whether every result the call can still
+        return was handed out (the results end at :attr:`_limit`, or with
+        the last item formatted)."""
+        return self.returned >= min(self._limit, self.formatted)
 
     def _deal(self) -> None:
         lanes = self._dealt_lanes()
