@@ -293,6 +293,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         if not self._serving(generation):
             return
         group, engines = await self._spawn(self.argv, self.vw_args, self.size)
+        self._check_file_after_fork(group)
         if self._put_in_service(engines, generation, group=group):
             self._groups[generation] = group
 

@@ -87,6 +87,12 @@ class EngineGroup:
         self._model_file: Optional[FileIdentity] = None
 
     @property
+    def model_file(self) -> Optional[FileIdentity]:
+        """The identity of the model file the group's engines loaded
+        (``None``: no path in the arguments, no file there, or not started)."""
+        return self._model_file
+
+    @property
     def shares_weights(self) -> bool:
         """Whether the engines are forked from one copy of the model."""
         return self.server is not None

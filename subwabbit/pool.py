@@ -332,6 +332,7 @@ class VowpalWabbitPool(PoolBase):
                 if self._groups.get(generation) is group:
                     del self._groups[generation]
             raise
+        self._check_file_after_fork(group)
         with self._cond:
             self._put_in_service(engines, generation, group=group)
         self._discard_pending()

@@ -31,7 +31,7 @@ from .deadlines import deadline_from_timeout, required_seconds, warn_if_millisec
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
-from .model_file import model_file_path
+from .model_file import FileIdentity, model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
 from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump, torn_channel_error
 
@@ -196,6 +196,10 @@ class PoolBase(ClientBase):
         #: it starves: ``python -m benchmarks.pool``, pinned to 1 CPU, gave a
         #: pool of 1 709 predictions within 10 ms lowered and 1,482 not (the
         #: engine alone: 1,343 and 1,432)
+        #: in a forked child: the model file its parent's engines loaded, and
+        #: the parent's pid (see :meth:`_check_file_after_fork`)
+        self._parent_model_file: Optional[FileIdentity] = None
+        self._fork_parent_pid = os.getpid()
         self.low_priority_engines = (self.size > 1 and self.size + 1 > default_pool_size()
                                      if low_priority_engines is None
                                      else bool(low_priority_engines))
@@ -962,12 +966,31 @@ class PoolBase(ClientBase):
         self._changed()
         return True
 
+    def _check_file_after_fork(self, group: EngineGroup) -> None:
+        """In a forked child whose own engines of the parent's generation
+        just started (``group``): warn when they loaded another model file
+        than the parent's engines did (a new file moved over the path since):
+        this process then serves another model than its parent and the forks
+        made before the file changed, under the same generation number."""
+        parent = self._parent_model_file
+        if parent is not None and group.model_file != parent:
+            logger.warning(
+                "the model file at %s is not the one the pool's engines loaded in the parent "
+                "process %d: this process (%d) serves the new file under generation %d, and "
+                "other processes forked from the same parent may serve the old one (write "
+                "new models under new names, or reload() the pool in every process)",
+                model_file_path(self.vw_args), self._fork_parent_pid, os.getpid(),
+                self._roster.generation)
+
     # ----------------------------------------------------------- not served
 
     def _after_fork_in_child_base(self) -> None:
         """In a forked child: let go of the parent's engines and fork servers."""
         for slot in list(self._roster.slots):
             slot.engine.abandon_in_fork()
+        serving = self._groups.get(self._roster.generation)
+        self._parent_model_file = serving.model_file if serving is not None else None
+        self._fork_parent_pid = self._owner_pid
         for group in self._groups.values():
             group.abandon_in_fork()
         self._groups = {}

@@ -321,6 +321,37 @@ def test_a_pool_started_before_a_fork_serves_the_child_with_engines_of_its_own(
     run(main())
 
 
+def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
+        trained_model, truth, tmp_path):
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+
+    async def in_the_child(pool):
+        warned = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                if record.levelno >= logging.WARNING:
+                    warned.append(record.getMessage())
+        logging.getLogger("subwabbit").addHandler(Keep())
+        got = await pool.predict(common(1), items(3000))
+        await pool.close()
+        return [got == truth[trained_model][1], warned]
+
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(str(served)),
+                                         size=2) as pool:
+            shutil.copy(trained_model, tmp_path / "new.vw")
+            os.replace(tmp_path / "new.vw", served)
+            result = in_child(lambda: asyncio.run(in_the_child(pool)))
+            assert "error" not in result, result
+            exact, warned = result["ok"]
+            assert exact and len(warned) == 1, warned
+            assert f"model file at {served}" in warned[0], warned
+
+    run(main())
+
+
 def test_a_forked_engine_that_dies_idle_is_replaced_with_no_call_at_all(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),

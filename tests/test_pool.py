@@ -545,6 +545,46 @@ def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
+def _warnings_of(logger_name):
+    """A handler on ``logger_name`` that keeps the text of its WARNING records."""
+    kept = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                kept.append(record.getMessage())
+    logging.getLogger(logger_name).addHandler(Keep())
+    return kept
+
+
+def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
+        trained_model, truth, tmp_path):
+    # A new file moved over the model's path after the parent loaded it (a
+    # deploy without reload): a child forked then serves that file, while
+    # the children forked before serve the parent's; it says so.
+    served = tmp_path / "served.vw"
+    shutil.copy(trained_model, served)
+    with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2) as pool:
+        def child():
+            warned = _warnings_of("subwabbit")
+            got = pool.predict(common(1), items(3000))
+            pool.close()
+            return [got == truth[trained_model][1], warned]
+
+        result = in_child(child)
+        assert "error" not in result, result
+        assert result["ok"] == [True, []]  # the same file: nothing to say
+        shutil.copy(trained_model, tmp_path / "new.vw")
+        os.replace(tmp_path / "new.vw", served)
+        result = in_child(child)
+        assert "error" not in result, result
+        exact, warned = result["ok"]
+        assert exact  # (the same model's bytes in a new file)
+        assert len(warned) == 1 and f"model file at {served}" in warned[0], warned
+        assert f"parent process {os.getpid()}" in warned[0] and "generation 0" in warned[0]
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
 def test_calls_racing_in_a_forked_child_count_one_restart(trained_model, truth):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         def child():
