@@ -190,16 +190,16 @@ class PoolBase(ClientBase):
         self.max_pending_lines = max_pending_lines
         self._roster = Roster()
         self.share_weights = bool(share_weights)
+        #: in a forked child: the model file its parent's engines loaded, and
+        #: the parent's pid (see :meth:`_check_file_after_fork`)
+        self._parent_model_file: Optional[FileIdentity] = None
+        self._fork_parent_pid = os.getpid()
         #: whether the engines run below the client's priority (default: when
         #: there are several and, with the calling thread, they are more than
         #: the CPUs). A lone engine runs vw's two-thread driver, and lowered
         #: it starves: ``python -m benchmarks.pool``, pinned to 1 CPU, gave a
         #: pool of 1 709 predictions within 10 ms lowered and 1,482 not (the
         #: engine alone: 1,343 and 1,432)
-        #: in a forked child: the model file its parent's engines loaded, and
-        #: the parent's pid (see :meth:`_check_file_after_fork`)
-        self._parent_model_file: Optional[FileIdentity] = None
-        self._fork_parent_pid = os.getpid()
         self.low_priority_engines = (self.size > 1 and self.size + 1 > default_pool_size()
                                      if low_priority_engines is None
                                      else bool(low_priority_engines))
