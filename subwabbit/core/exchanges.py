@@ -295,17 +295,23 @@ class PredictExchange(Exchange):
         (a quarter batch), and the answers after which this call's pace counts."""
         return max(self.pacing.min_batch, self.pacing.batch_size // 4, 1)
 
-    def pace(self) -> Optional[float]:
+    def _measured_pace(self) -> Optional[float]:
         """The engine's answers per second while this call had lines in
-        flight, once it has answered :meth:`_least_lines`; before that, its
-        pace in its last call (``None``: unknown)."""
+        flight, once it has answered :meth:`_least_lines` (``None`` before)."""
         if self.returned >= self._least_lines() and self.busy_s > 0:
             return self.returned / self.busy_s
-        return self.channel.pace
+        return None
+
+    def pace(self) -> Optional[float]:
+        """This call's pace (:meth:`_measured_pace`); before it is known,
+        the engine's pace in its last call (``None``: unknown)."""
+        measured = self._measured_pace()
+        return self.channel.pace if measured is None else measured
 
     def end(self) -> None:
-        if self.returned >= self._least_lines() and self.busy_s > 0:
-            self.channel.pace = self.returned / self.busy_s
+        measured = self._measured_pace()
+        if measured is not None:  # kept for the engine's next call
+            self.channel.pace = measured
         super().end()
 
     def _produce(self, want: int) -> None:

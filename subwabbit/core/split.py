@@ -280,8 +280,18 @@ class SplitPredictExchange:
     def _keep_pace(self, lane: Lane) -> None:
         """Leave ``lane``'s pace in this call on its channel, for the
         engine's next call to deal by until it has measured its own."""
-        if lane.answered >= self._least_share() and lane.busy_s > 0:
-            lane.channel.pace = lane.answered / lane.busy_s
+        measured = self._measured_pace(lane, self._least_share())
+        if measured is not None:
+            lane.channel.pace = measured
+
+    @staticmethod
+    def _measured_pace(lane: Lane, floor: int) -> Optional[float]:
+        """``lane``'s lines answered per second it owed answers in this call,
+        once it has answered ``floor`` lines (``None`` before);
+        :meth:`_rooms` computes it inline."""
+        if lane.answered >= floor and lane.busy_s > 0:
+            return lane.answered / lane.busy_s
+        return None
 
     def releasable_lanes(self) -> List[Lane]:
         """Retiring lanes whose answers are all in."""
@@ -486,9 +496,8 @@ class SplitPredictExchange:
         it inline."""
         if not self._pace:
             return None
-        if lane.answered < floor or lane.busy_s <= 0:
-            return lane.channel.pace
-        return lane.answered / lane.busy_s
+        measured = self._measured_pace(lane, floor)
+        return lane.channel.pace if measured is None else measured
 
     def _hedge_wait(self) -> float:
         """How long a lane may answer nothing before a batch it holds is
