@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import gc
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -400,3 +401,17 @@ def deadline_calls(predict, calls, known=3000, after_each=None):
         lengths.append(len(got))
         after.append(after_each() if after_each is not None else None)
     return lengths, after
+
+
+def warnings_of(logger_name):
+    """The text of every WARNING (or worse) logged on ``logger_name`` from
+    now on, in a list that fills as they come (a handler on the logger: for
+    a forked child, where pytest's caplog does not reach)."""
+    kept = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                kept.append(record.getMessage())
+    logging.getLogger(logger_name).addHandler(Keep())
+    return kept

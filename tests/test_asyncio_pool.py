@@ -16,7 +16,7 @@ import pytest
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
 
 from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common, in_child,
-                      items, proc_stat, process_gone, scoring_args)
+                      items, proc_stat, process_gone, scoring_args, warnings_of)
 
 
 def run(coroutine):
@@ -327,13 +327,7 @@ def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
     shutil.copy(trained_model, served)
 
     async def in_the_child(pool):
-        warned = []
-
-        class Keep(logging.Handler):
-            def emit(self, record):
-                if record.levelno >= logging.WARNING:
-                    warned.append(record.getMessage())
-        logging.getLogger("subwabbit").addHandler(Keep())
+        warned = warnings_of("subwabbit")
         got = await pool.predict(common(1), items(3000))
         await pool.close()
         return [got == truth[trained_model][1], warned]

@@ -29,7 +29,7 @@ from subwabbit.engine_group import LOW_PRIORITY_NICE
 from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
                       deadline_calls, in_child, items, wide_model,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
-                      wait_until)
+                      wait_until, warnings_of)
 
 
 @pytest.fixture
@@ -545,18 +545,6 @@ def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
 
 
-def _warnings_of(logger_name):
-    """A handler on ``logger_name`` that keeps the text of its WARNING records."""
-    kept = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                kept.append(record.getMessage())
-    logging.getLogger(logger_name).addHandler(Keep())
-    return kept
-
-
 def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
         trained_model, truth, tmp_path):
     # A new file moved over the model's path after the parent loaded it (a
@@ -566,7 +554,7 @@ def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
     shutil.copy(trained_model, served)
     with VowpalWabbitPool(DictFormatter(), scoring_args(str(served)), size=2) as pool:
         def child():
-            warned = _warnings_of("subwabbit")
+            warned = warnings_of("subwabbit")
             got = pool.predict(common(1), items(3000))
             pool.close()
             return [got == truth[trained_model][1], warned]
