@@ -16,10 +16,16 @@ With ``--deaths N`` it measures an engine's death instead: N times, with no
 call running, one engine is killed, and 200 ms later one call is made; it
 prints that call's predictions and those of the calls on the pool once it
 is whole again.
+
+With ``--closes N`` it measures closing instead: N pools, each closed after
+a few calls; it prints the wall time of ``close()`` and the CPU that the
+pool's engines and fork server spent from ``close()`` to their exit (the
+CPU a reload's old engines take from the new ones as they close).
 """
 
 import argparse
 import os
+import resource
 import signal
 import statistics
 import tempfile
@@ -29,6 +35,7 @@ from typing import Any, Dict, List, Tuple
 
 from subwabbit import VowpalWabbitPool
 
+from .pool_cpu import run_seconds
 from .turns import train_model
 from .workload import RecommenderFormatter, Workload, prediction_args
 
@@ -105,6 +112,41 @@ def deaths(pool: VowpalWabbitPool, workload: Workload, count: int,
     return {"after": after, "whole": statistics.mean(whole)}
 
 
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def closes(args: List[str], size: int, workload: Workload, count: int,
+           timeout: float) -> Dict[str, List[float]]:
+    """Open ``count`` pools one after the other, make a few calls on each,
+    and close it: the wall time of each ``close()`` and the CPU its
+    processes spent in it (seconds).
+
+    The CPU of the engines and their fork server up to ``close()`` is read
+    from ``/proc/PID/task/*/schedstat``; what they spent in all is what this
+    process's reaped children gained once they exited (the fork server reaps
+    its engines), so the difference is what closing cost them.
+    """
+    walls, cpus = [], []
+    for round_ in range(count):
+        with VowpalWabbitPool(RecommenderFormatter(), args, size=size) as pool:
+            for index in range(10):
+                index = (round_ * 10 + index) % len(workload)
+                pool.predict(workload.requests[index], workload.candidates[index],
+                             timeout=timeout)
+            pids = pool.engine_pids()
+            servers = {_parent_pid(pid) for pid in pids} - {os.getpid()}
+            before = sum(run_seconds(pid) for pid in set(pids) | servers)
+            reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+            began = time.perf_counter()
+            pool.close()
+            walls.append(time.perf_counter() - began)
+            now = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(now.ru_utime + now.ru_stime - reaped.ru_utime - reaped.ru_stime - before)
+    return {"wall": walls, "cpu": cpus}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reloads", type=int, default=10)
@@ -115,6 +157,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=0.010)
     parser.add_argument("--deaths", type=int, default=0,
                         help="measure this many engine deaths instead of reloads")
+    parser.add_argument("--closes", type=int, default=0,
+                        help="measure closing this many pools instead of reloads")
     options = parser.parse_args()
     if options.reloads < 1 or options.every <= 0 or options.size < 1:
         parser.error("--reloads and --size must be at least 1, --every above 0")
@@ -123,6 +167,13 @@ def main() -> None:
         model = os.path.join(directory, "model.vw")
         train_model(workload, model)
         args = prediction_args(model)
+        if options.closes:
+            closed = closes(args, options.size, workload, options.closes, options.timeout)
+            print(f"pool of {options.size}, {options.closes} pools closed")
+            print("close(): wall time " + ", ".join(f"{value * 1000:.0f}" for value in closed["wall"])
+                  + " ms; CPU of its processes from close() to their exit "
+                  + ", ".join(f"{value * 1000:.0f}" for value in closed["cpu"]) + " ms")
+            return
         with VowpalWabbitPool(RecommenderFormatter(), args, size=options.size) as pool:
             for index in range(WARM_UP_CALLS):
                 pool.predict(workload.requests[index], workload.candidates[index],

@@ -177,6 +177,15 @@ def test_the_reload_benchmark_measures_engine_deaths_on_request():
             "calls once the pool was whole again: 300") in output, output
 
 
+def test_the_reload_benchmark_measures_closing_on_request():
+    output = run_module("benchmarks.reload", "--closes", "2", "--items", "300", "--timeout", "1")
+    assert "pool of 2, 2 pools closed" in output, output
+    walls, cpus = output.split("close(): wall time ")[1].split(" ms; CPU of its processes from "
+                                                            "close() to their exit ")
+    assert len(walls.split(", ")) == 2 and all(float(value) > 0 for value in walls.split(", "))
+    assert len(cpus.split(" ms")[0].split(", ")) == 2, output
+
+
 def test_idle_ramp_prints_each_place_with_the_engine_threads_statistics():
     # a 1 s timeout: every call returns its 300 items, however cold the engine
     output = run_module("benchmarks.idle_ramp", "--turns", "2", "--calls", "3", "--items", "300",
