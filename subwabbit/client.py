@@ -27,7 +27,7 @@ from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
                          refuse_in_audit_mode)
 from .model_file import saved_options_of
-from .deadlines import validate_seconds
+from .deadlines import required_seconds, validate_seconds
 from .errors import VowpalWabbitError
 from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
                     encode_example)
@@ -117,8 +117,7 @@ class ClientBase:
         self.write_only = bool(write_only)
         self.audit_mode = bool(audit_mode)
         self.metrics_hook = metrics_hook
-        self.startup_timeout_s = validate_seconds(startup_timeout_s, "startup_timeout_s",
-                                                  allow_none=False)
+        self.startup_timeout_s = required_seconds(startup_timeout_s, "startup_timeout_s")
         self.io_timeout_s = validate_seconds(io_timeout_s, "io_timeout_s")
         if self.io_timeout_s == 0:
             raise ValueError("io_timeout_s must be positive, or None for no limit")

@@ -50,7 +50,7 @@ def explain_features(explanation_string: str,
     ``hashindex``, ``value``, ``weight``, ``potential`` (value times weight) and
     ``relative_potential`` (its share of the sum of absolute potentials).
     """
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for feature in parse_audit_features(explanation_string):
         rows.append({
             "names": [parse_element(element, feature_translator)

@@ -425,7 +425,7 @@ def _retire_all(engines: List[EngineProcess], timeout: float) -> None:
         retire_quietly(engine, timeout)
 
 
-def _wait_for_lanes(lanes: List[Lane], until: Optional[float]) -> List[int]:
+def _wait_for_lanes(lanes: List[Lane[Slot]], until: Optional[float]) -> List[int]:
     """Sleep until an engine of ``lanes`` printed something or can take more
     input (when it has some waiting), or until ``until``.
 

@@ -92,7 +92,7 @@ class WaitForPipes(NamedTuple):
     ``None`` (``next(flow)``) means "not known": every engine is read.
     """
 
-    lanes: List[Lane]
+    lanes: List[Lane[Slot]]
     until: Optional[float]
 
 
@@ -248,7 +248,7 @@ class PoolBase(ClientBase):
     # ---------------------------------------------------------------- calls
 
     def _new_exchange(self, common_features: Any, items_features: Iterable[Any],
-                      deadline: Optional[float], debug_info: Any) -> SplitPredictExchange:
+                      deadline: Optional[float], debug_info: Any) -> SplitPredictExchange[Slot]:
         common_part = format_common_part(self.formatter, common_features, debug_info)
         return SplitPredictExchange(
             formatter=self.formatter, common_part=common_part, common_features=common_features,
@@ -268,7 +268,7 @@ class PoolBase(ClientBase):
         return metrics
 
     def _finish_pool_metrics(self, metrics: Optional[Dict[str, Any]], start: float,
-                             results: List[Any], exchange: Optional[SplitPredictExchange],
+                             results: List[Any], exchange: Optional[SplitPredictExchange[Slot]],
                              engines: int) -> None:
         if metrics is not None:
             metrics["num_lines"] = len(results)
@@ -280,7 +280,7 @@ class PoolBase(ClientBase):
         self._finish_call("predict", metrics)
 
     @staticmethod
-    def _remaining(items: Any, exchange: SplitPredictExchange) -> Optional[int]:
+    def _remaining(items: Any, exchange: SplitPredictExchange[Slot]) -> Optional[int]:
         try:
             return len(items) - exchange.formatted
         except TypeError:
@@ -309,7 +309,7 @@ class PoolBase(ClientBase):
 
     # ------------------------------------------- decisions (caller holds the state)
 
-    def _take_first(self, exchange: SplitPredictExchange, items: Any) -> Optional[int]:
+    def _take_first(self, exchange: SplitPredictExchange[Slot], items: Any) -> Optional[int]:
         """Take a call's first engines if one is free.
 
         :returns: the generation that serves it, or ``None`` when none is free
@@ -327,7 +327,7 @@ class PoolBase(ClientBase):
             exchange.add_lane(slot, slot.channel)
         return generation
 
-    def _take_replacement(self, exchange: SplitPredictExchange, generation: int) -> bool:
+    def _take_replacement(self, exchange: SplitPredictExchange[Slot], generation: int) -> bool:
         """For a call whose engines all failed: take a free engine of its generation."""
         roster = self._roster
         free = roster.free(generation)
@@ -337,7 +337,7 @@ class PoolBase(ClientBase):
         exchange.add_lane(free[0], free[0].channel)
         return True
 
-    def _rebalance_now(self, exchange: SplitPredictExchange, items: Any,
+    def _rebalance_now(self, exchange: SplitPredictExchange[Slot], items: Any,
                        generation: int) -> List[Slot]:
         """Give back retired engines whose answers are in, retire one when
         another call waits and this one holds more than its share, and take
@@ -363,7 +363,7 @@ class PoolBase(ClientBase):
                 exchange.add_lane(slot, slot.channel)
         return closing
 
-    def _give_back_now(self, lanes: List[Lane], counted: bool) -> List[Slot]:
+    def _give_back_now(self, lanes: List[Lane[Slot]], counted: bool) -> List[Slot]:
         """A call ends: its engines go back.
 
         :returns: engines to close (their generation was replaced)
@@ -665,7 +665,7 @@ class PoolBase(ClientBase):
         deadline = deadline_from_timeout(timeout, start=start)
         metrics = self._prepare_pool_metrics(metrics)
         results: List[Any] = []
-        exchange: Optional[SplitPredictExchange] = None
+        exchange: Optional[SplitPredictExchange[Slot]] = None
         engines_used = 0
         counted = False
         try:
@@ -699,7 +699,7 @@ class PoolBase(ClientBase):
         """
         raise NotImplementedError()
 
-    def _first_engines(self, exchange: SplitPredictExchange, items: Any,
+    def _first_engines(self, exchange: SplitPredictExchange[Slot], items: Any,
                        deadline: Optional[float], start: float,
                        metrics: Optional[Dict[str, Any]]
                        ) -> Generator[Wait, Readable, Optional[int]]:
@@ -752,7 +752,7 @@ class PoolBase(ClientBase):
                 if waited:
                     metrics["waited_for_other_call"] = 1
 
-    def _serve(self, exchange: SplitPredictExchange, items: Any, generation: int,
+    def _serve(self, exchange: SplitPredictExchange[Slot], items: Any, generation: int,
                results: List[Any]) -> Generator[Wait, Readable, int]:
         """Drive the call on its engines until it is done.
 
@@ -823,7 +823,7 @@ class PoolBase(ClientBase):
             worked_since = _clock()
             woke = True
 
-    def _pump_lanes(self, exchange: SplitPredictExchange, readable: Readable,
+    def _pump_lanes(self, exchange: SplitPredictExchange[Slot], readable: Readable,
                     now: float, write: bool = True) -> bool:
         """Write what each engine of the call takes (unless ``write`` is
         false) and read the engines in ``readable`` (``None``: all); an
@@ -852,7 +852,7 @@ class PoolBase(ClientBase):
                 answered = True
         return answered
 
-    def _replacement_engine(self, exchange: SplitPredictExchange,
+    def _replacement_engine(self, exchange: SplitPredictExchange[Slot],
                             generation: int) -> Generator[Wait, Readable, bool]:
         """A call whose engines all failed waits for one of its generation.
 
@@ -919,7 +919,7 @@ class PoolBase(ClientBase):
             self._changed()
         return found
 
-    def _fail_lane(self, exchange: SplitPredictExchange, lane: Lane,
+    def _fail_lane(self, exchange: SplitPredictExchange[Slot], lane: Lane[Slot],
                    error: BaseException) -> None:
         exchange.fail_lane(lane)
         if exchange.failed_lanes > max(2, self.size):

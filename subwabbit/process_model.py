@@ -826,9 +826,12 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             elif leave_to_call:
                 # An engine that had exited on its own before close() killed
                 # it: its failure is this close()'s to report, as it would be
-                # had its pipes been closed here.
-                code = self._engine.proc.poll()
-                failure = None if code is None else self._engine.own_failure(code)
+                # had its pipes been closed here. (No assert: the engine was
+                # there under the lock above, but the call holding the process
+                # may have cleared it since, restarting its engine.)
+                code = self._engine.proc.poll()  # type: ignore[union-attr]
+                failure = (None if code is None
+                           else self._engine.own_failure(code))  # type: ignore[union-attr]
                 if failure is not None:
                     raise failure
         finally:

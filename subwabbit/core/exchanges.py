@@ -158,7 +158,7 @@ class Exchange:
             self._progress = progress
             self._quiet_since = now
             return
-        assert self.idle_s is not None
+        assert self.idle_s is not None and self._quiet_since is not None
         if now - self._quiet_since >= self.idle_s:
             doing = ("writing to it" if channel.unwritten_bytes and not channel.expects_output
                      else self.doing)

@@ -321,7 +321,8 @@ class LabelStringsKind(PredictionKind):
 class _Classes(NamedTuple):
     """The class labels a multiclass model knows."""
 
-    count: Optional[int]          # K, when the arguments say it
+    # (the field hides tuple.count(), which mypy refuses; kept: read as kind.classes.count)
+    count: Optional[int]  # type: ignore[assignment]  # K, when the arguments say it
     first: int                    # 1, or 0 with --indexing 0
     names: Optional[Tuple[str, ...]]  # --named_labels
 
@@ -588,7 +589,7 @@ class CbExploreKind(CbKind):
 
     def parse_line(self, line: bytes) -> Any:
         if self.legacy:
-            values = []
+            values: List[float] = []
             for token in line.split():
                 if self.count is not None and len(values) == self.count:
                     break  # a tag follows

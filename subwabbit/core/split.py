@@ -66,12 +66,17 @@ predictions).
 
 import collections
 import math
-from typing import (Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence,
-                    Tuple)
+from typing import (Any, Deque, Dict, Generic, Hashable, Iterable, Iterator, List, Optional,
+                    Sequence, Tuple, TypeVar)
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
 from .exchanges import Parser, _line_joiner, check_item_parts, format_next
+
+
+#: The type of a lane's key, the driver's name for its engine (a pool's
+#: :class:`~subwabbit.core.roster.Slot`): a call hands its lanes back with it.
+Key = TypeVar("Key", bound=Hashable)
 
 
 class _Batch:
@@ -109,7 +114,7 @@ class _Share:
         self.end = end
 
 
-class Lane:
+class Lane(Generic[Key]):
     """One engine's part in a split call.
 
     :param key: the driver's name for the engine (returned to it on release)
@@ -120,7 +125,7 @@ class Lane:
                  "answered", "answered_at", "busy_s", "_busy_since", "_progress",
                  "_quiet_since")
 
-    def __init__(self, key: Hashable, channel: Channel) -> None:
+    def __init__(self, key: Key, channel: Channel) -> None:
         self.key = key
         self.channel = channel
         self.call: Call = channel.begin()
@@ -147,7 +152,7 @@ class Lane:
         return all(share.batch.complete for share in self.shares)
 
 
-class SplitPredictExchange:
+class SplitPredictExchange(Generic[Key]):
     """The steps of one ``predict`` call over any number of lanes.
 
     :param formatter: the model's formatter
@@ -208,7 +213,7 @@ class SplitPredictExchange:
         self._common_features = common_features
         self._debug_info = debug_info
         self._join = _line_joiner(formatter, common_part, debug_info)
-        self.lanes: List[Lane] = []
+        self.lanes: List[Lane[Key]] = []
         #: batches in item order whose predictions have not all been handed out
         self._order: Deque[_Batch] = collections.deque()
         #: batches to deal again (their lane failed), lowest items first
@@ -236,18 +241,18 @@ class SplitPredictExchange:
 
     # ------------------------------------------------------------ lanes
 
-    def add_lane(self, key: Hashable, channel: Channel) -> Lane:
+    def add_lane(self, key: Key, channel: Channel) -> Lane[Key]:
         """Give the call one more engine (what earlier calls left in flight
         on it is discarded as it arrives)."""
         lane = Lane(key, channel)
         self.lanes.append(lane)
         return lane
 
-    def retire_lane(self, lane: Lane) -> None:
+    def retire_lane(self, lane: Lane[Key]) -> None:
         """Deal nothing more to ``lane``; release it once :attr:`Lane.drained`."""
         lane.retiring = True
 
-    def fail_lane(self, lane: Lane) -> None:
+    def fail_lane(self, lane: Lane[Key]) -> None:
         """``lane``'s engine failed: drop the lane (ending its call) and deal
         its unanswered batches again to the other lanes."""
         self.failed_lanes += 1
@@ -269,7 +274,7 @@ class SplitPredictExchange:
         lane.shares.clear()
         self._redeal.sort(key=_start)
 
-    def release_lane(self, lane: Lane) -> None:
+    def release_lane(self, lane: Lane[Key]) -> None:
         """Take a drained lane out of the call (ending its call on the channel)."""
         if not lane.drained:
             raise ValueError("a lane is released only once its batches are answered")
@@ -277,7 +282,7 @@ class SplitPredictExchange:
         lane.channel.end(lane.call)
         self.lanes.remove(lane)
 
-    def _keep_pace(self, lane: Lane) -> None:
+    def _keep_pace(self, lane: Lane[Key]) -> None:
         """Leave ``lane``'s pace in this call on its channel, for the
         engine's next call to deal by until it has measured its own."""
         measured = self._measured_pace(lane, self._least_share())
@@ -293,7 +298,7 @@ class SplitPredictExchange:
             return lane.answered / lane.busy_s
         return None
 
-    def releasable_lanes(self) -> List[Lane]:
+    def releasable_lanes(self) -> List[Lane[Key]]:
         """Retiring lanes whose answers are all in."""
         return [lane for lane in self.lanes if lane.retiring and lane.drained]
 
@@ -369,9 +374,9 @@ class SplitPredictExchange:
             return
         if self._items_left:
             lane, size = fits[0]
-            batch = self._format(size)
-            if batch is not None:
-                self._give(lane, batch, 0)
+            new_batch = self._format(size)
+            if new_batch is not None:
+                self._give(lane, new_batch, 0)
                 # One batch formatted per step: the driver checks the clock
                 # (the write cut-off, the deadline) and an event loop gets its
                 # turn between steps, however slow the formatter.
@@ -379,7 +384,7 @@ class SplitPredictExchange:
         if self._hedge and len(self.lanes) > 1:
             self._hedge_first_due([lane for lane, _ in fits])
 
-    def _rooms(self, lanes: List[Lane]) -> List[Tuple[Lane, int, int]]:
+    def _rooms(self, lanes: List[Lane[Key]]) -> List[Tuple[Lane[Key], int, int]]:
         """Every lane with its room and the size of a batch for it, by pace,
         the emptiest first (the most room for its pace's share of lines).
 
@@ -450,16 +455,16 @@ class SplitPredictExchange:
             rooms.sort(key=_emptiest)  # stable: ties keep the lanes' order
         return [(lane, room, lane_size) for _, lane, room, lane_size in rooms]
 
-    def _dealt_lanes(self) -> List[Lane]:
+    def _dealt_lanes(self) -> List[Lane[Key]]:
         """The lanes that may be dealt lines (not retiring)."""
         return [lane for lane in self.lanes if not lane.retiring]
 
-    def _fitting(self, lanes: List[Lane]) -> List[Tuple[Lane, int]]:
+    def _fitting(self, lanes: List[Lane[Key]]) -> List[Tuple[Lane[Key], int]]:
         """The lanes of ``lanes`` with room for a whole batch of their pace's
         size, the emptiest first, each with that size (see :meth:`_rooms`)."""
         return [(lane, size) for lane, room, size in self._rooms(lanes) if room >= size]
 
-    def _redeal_lane(self, lanes: List[Lane]) -> Optional[Lane]:
+    def _redeal_lane(self, lanes: List[Lane[Key]]) -> Optional[Lane[Key]]:
         """The lane of ``lanes`` that the first batch to deal again goes to:
         the emptiest with room for its unanswered lines, or for a batch of
         the lane's size (``None``: none has room)."""
@@ -489,7 +494,7 @@ class SplitPredictExchange:
             return False  # (an example's items are formatted at once: see wake_at)
         return bool(self._fitting(lanes))
 
-    def _pace_of(self, lane: Lane, floor: int) -> Optional[float]:
+    def _pace_of(self, lane: Lane[Key], floor: int) -> Optional[float]:
         """``lane``'s lines answered per second it owed answers in this call;
         before it answered ``floor`` lines, its engine's in its last call
         (``None`` if unknown, and without pacing); :meth:`_rooms` computes
@@ -511,14 +516,14 @@ class SplitPredictExchange:
             return HEDGE_UNKNOWN_S
         return max(HEDGE_MIN_S, 2 * self.batch_size / max(paces))
 
-    def _hedges(self, lanes: List[Lane]) -> Iterator[Tuple[_Batch, Lane, float]]:
+    def _hedges(self, lanes: List[Lane[Key]]) -> Iterator[Tuple[_Batch, Lane[Key], float]]:
         """Every unanswered batch, in item order, that one of ``lanes``
         (lanes with room) does not hold: with the first such lane, and when
         the batch may be dealt to it again (once every lane holding it
         answered nothing for :meth:`_hedge_wait`). The lanes holding it may
         be retiring; a batch no lane holds any more is being dealt again
         (``_redeal``), not copied."""
-        holders: Dict[int, List[Lane]] = {}
+        holders: Dict[int, List[Lane[Key]]] = {}
         for lane in self.lanes:
             for share in lane.shares:
                 holders.setdefault(id(share.batch), []).append(lane)
@@ -535,7 +540,7 @@ class SplitPredictExchange:
             heard = [lane.answered_at for lane in held_by if lane.answered_at is not None]
             yield batch, target, (max(heard) + wait if heard else self._now)
 
-    def _hedge_first_due(self, lanes: List[Lane]) -> None:
+    def _hedge_first_due(self, lanes: List[Lane[Key]]) -> None:
         """No new item is left: deal the first batch that is due again (see
         :meth:`_hedges`) to a lane of ``lanes`` that does not hold it."""
         for batch, lane, due in self._hedges(lanes):
@@ -599,7 +604,7 @@ class SplitPredictExchange:
         self._order.append(batch)
         return batch
 
-    def _give(self, lane: Lane, batch: _Batch, first: int) -> None:
+    def _give(self, lane: Lane[Key], batch: _Batch, first: int) -> None:
         """Queue the lines of ``batch`` from its line ``first`` on ``lane``."""
         lines = batch.lines[first:] if first else batch.lines
         if self._example_kind is not None:
@@ -641,7 +646,7 @@ class SplitPredictExchange:
         for lane in self.lanes:
             self._collect_lane(lane)
 
-    def _collect_lane(self, lane: Lane) -> None:
+    def _collect_lane(self, lane: Lane[Key]) -> None:
         answers = lane.call.take_answers()
         if answers:
             shares = lane.shares
@@ -687,7 +692,7 @@ class SplitPredictExchange:
 
     # --------------------------------------------------------- time limits
 
-    def stuck_lanes(self, now: float) -> List[Lane]:
+    def stuck_lanes(self, now: float) -> List[Lane[Key]]:
         """Lanes that owe answers and showed no progress for ``idle_s``
         (see :meth:`note_progress`)."""
         if self.idle_s is None:
@@ -731,7 +736,7 @@ class SplitPredictExchange:
             wake = hedge if wake is None else min(wake, hedge)
         return wake
 
-    def end(self) -> List[Lane]:
+    def end(self) -> List[Lane[Key]]:
         """End the call on every lane (idempotent); what it left in flight is
         discarded by the channels as it arrives.
 

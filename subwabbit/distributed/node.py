@@ -330,6 +330,7 @@ def _train(spec: NodeSpec, node: int, shard: Iterable[Any], link: ControlLink, d
     try:
         engine_started_at = time.time()
         engine = process.vw_process
+        assert engine is not None  # started by the constructor, not closed since
 
         def stop_engine() -> Optional[int]:
             engine.kill()

@@ -477,8 +477,9 @@ class Rendezvous:
                 answer = _ROOT_PARENT
             else:
                 parent_connection = self._engines[by_position[parent]]
+                assert parent_connection.port is not None  # (checked above)
                 answer = socket.inet_aton(parent_connection.peer) + parent_connection.port
-            self._send(self._engines[node], answer)  # type: ignore[operator]
+            self._send(self._engines[node], answer)
         for connection in list(self._engines.values()):
             connection.finished = True
             self._drop(connection)
