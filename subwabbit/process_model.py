@@ -813,25 +813,24 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 # numbers could go to another engine's pipe or a file before
                 # its next read or write, which would then take bytes that are
                 # not its own.
-                leave_to_call = (not held and self._holder is not None
-                                 and self._engine is not None)
+                left = self._engine if not held and self._holder is not None else None
+                leave_to_call = left is not None
                 if leave_to_call:
-                    self._close_on_turn_end = self._engine
+                    self._close_on_turn_end = left
             self._abandon_channel("the process was closed")
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
-            elif leave_to_call:
+            elif left is not None:
                 # An engine that had exited on its own before close() killed
                 # it: its failure is this close()'s to report, as it would be
-                # had its pipes been closed here. (No assert: the engine was
-                # there under the lock above, but the call holding the process
-                # may have cleared it since, restarting its engine.)
-                code = self._engine.proc.poll()  # type: ignore[union-attr]
-                failure = (None if code is None
-                           else self._engine.own_failure(code))  # type: ignore[union-attr]
+                # had its pipes been closed here. (The engine left to the call,
+                # not self._engine: the call may have cleared that since,
+                # restarting its engine.)
+                code = left.proc.poll()
+                failure = None if code is None else left.own_failure(code)
                 if failure is not None:
                     raise failure
         finally:
