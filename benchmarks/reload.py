@@ -1,7 +1,7 @@
 """What a model reload costs the calls around it, on a pool serving without pause.
 
 Run: ``python -m benchmarks.reload [--reloads N] [--size N] [--items N]
-[--timeout S] [--every S] [--deaths N]``.
+[--timeout S] [--every S] [--bits B] [--deaths N] [--closes N]``.
 
 One thread calls a :class:`~subwabbit.pool.VowpalWabbitPool` without pause
 (the workload's requests in turn, ``--timeout`` each) while the main thread
@@ -159,13 +159,15 @@ def main() -> None:
                         help="measure this many engine deaths instead of reloads")
     parser.add_argument("--closes", type=int, default=0,
                         help="measure closing this many pools instead of reloads")
+    parser.add_argument("--bits", type=int, default=20,
+                        help="the model's -b (default 20; 25 for a recommender-sized model)")
     options = parser.parse_args()
     if options.reloads < 1 or options.every <= 0 or options.size < 1:
         parser.error("--reloads and --size must be at least 1, --every above 0")
     workload = Workload(50, options.items)
     with tempfile.TemporaryDirectory() as directory:
         model = os.path.join(directory, "model.vw")
-        train_model(workload, model)
+        train_model(workload, model, bits=options.bits)
         args = prediction_args(model)
         if options.closes:
             closed = closes(args, options.size, workload, options.closes, options.timeout)
@@ -190,7 +192,7 @@ def main() -> None:
             result = measure(pool, workload, args, options.reloads, options.every,
                              options.timeout)
     print(f"pool of {options.size}, {options.items} items per call, timeout "
-          f"{options.timeout * 1000:g} ms, {options.reloads} reloads "
+          f"{options.timeout * 1000:g} ms, -b {options.bits}, {options.reloads} reloads "
           f"(each {result['reload_ms']:.0f} ms on average)")
     print(f"predictions per call: steady {result['steady']:,.0f}; during a reload "
           f"{result['during']:,.0f}; calls 1-{AFTER} on the new engines "

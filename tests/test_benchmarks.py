@@ -162,7 +162,7 @@ def test_the_reload_benchmark_prints_the_calls_around_its_reloads():
     # a 1 s timeout: every call returns its 300 items, reload or not
     output = run_module("benchmarks.reload", "--reloads", "2", "--every", "0.2", "--items", "300",
                         "--timeout", "1")
-    assert "pool of 2, 300 items per call, timeout 1000 ms, 2 reloads" in output, output
+    assert "pool of 2, 300 items per call, timeout 1000 ms, -b 20, 2 reloads" in output, output
     figures = output.split("predictions per call: ")[1]
     assert figures.startswith("steady 300; during a reload ") or \
         figures.startswith("steady nan; during a reload "), output
