@@ -580,6 +580,36 @@ def test_close_reports_an_engine_that_died_on_its_own_under_a_parked_call(cls, t
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_close_reports_the_engine_left_to_a_call_that_restarts_meanwhile(cls, trained_model):
+    """As above, and the parked call's restart clears the object's engine
+    between close() leaving the engine to the call and reporting its
+    failure (the moment is made certain by clearing it where close() lets
+    go of its channel): close() reports the engine it left to the call."""
+    model = cls(DictFormatter(), scoring_args(trained_model))
+    engine = model._engine  # pylint: disable=protected-access
+    resume = threading.Event()
+    thread, _ = _parked_call(model, resume, park_s=30)
+    let_go = model._abandon_channel  # pylint: disable=protected-access
+
+    def let_go_and_restart(reason):
+        let_go(reason)
+        model._engine = None  # pylint: disable=protected-access
+
+    model._abandon_channel = let_go_and_restart  # pylint: disable=protected-access
+    try:
+        os.kill(engine.pid, signal.SIGTERM)
+        until = time.time() + 5
+        while time.time() < until and _state(engine.pid) not in ("Z", "gone"):
+            time.sleep(0.01)
+        with pytest.raises(VowpalWabbitEngineExitedError, match="failed while shutting down"):
+            model.close(timeout=0.2)
+    finally:
+        resume.set()
+        thread.join(30)
+    assert engine.closed and engine.pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
 def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(cls, tmp_path):
     """close() cannot wait for a restart() whose engine is slow to start; the
     engine that start gives must not be adopted by the closed object (it ran,
