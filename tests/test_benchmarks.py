@@ -13,6 +13,7 @@ import pytest
 from benchmarks.pool_pacing import set_engines_nice
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitPool, VowpalWabbitProcess
 from subwabbit.engine_process import threads_of
+from subwabbit.pool_base import default_pool_size
 
 from conftest import DictFormatter, scoring_args
 
@@ -175,6 +176,21 @@ def test_the_reload_benchmark_measures_engine_deaths_on_request():
     assert "pool of 2, 300 items per call, timeout 1000 ms, 2 engines killed" in output, output
     assert ("predictions of the call 200 ms after an engine died: 300 on average (300, 300); "
             "calls once the pool was whole again: 300") in output, output
+
+
+def test_the_sizes_benchmark_times_every_contender_at_every_size(tmp_path):
+    out = tmp_path / "sizes.json"
+    output = run_module("benchmarks.sizes", "--sizes", "5,40", "--rounds", "1", "--calls", "3",
+                        "--timeout", "2", "--json", str(out))
+    lines = output.splitlines()
+    header = lines.index(next(line for line in lines if line.split()[:1] == ["items"]))
+    assert [line.split()[0] for line in lines[header + 1:]] == ["5", "40"], output
+    table = json.loads(out.read_text())["sizes"]
+    assert set(table) == {"5", "40"}
+    for row in table.values():
+        assert set(row) == {f"pool ({default_pool_size()})", "pool (1)", "nonblocking",
+                            "blocking"}, row
+        assert all(0 < seconds < 2 for seconds in row.values()), row
 
 
 def test_the_reload_benchmark_measures_closing_on_request():
