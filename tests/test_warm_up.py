@@ -10,6 +10,7 @@ and their nice values (``/proc/PID/stat``).
 """
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -170,45 +171,53 @@ def test_no_warm_up_with_lines_that_carry_a_label(trained_model, truth):
         assert max(read_chars(pid) for pid in pool.engine_pids()) < 100
 
 
+@contextlib.contextmanager
+def stopped_and_watched(pids):
+    """Stop the processes (SIGSTOP: they cannot exit before their nice
+    values are read) and record the highest nice value each is seen at, from
+    a thread that polls without sleeping: when a fork server among them
+    exits, the kernel continues the stopped members of the process group it
+    leaves orphaned, and those may then exit at once. Yields the record
+    (pid to nice value); continues them all on the way out."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    seen = {}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            for pid in pids:
+                nice = nice_of(pid)
+                if nice is not None:
+                    seen[pid] = max(seen.get(pid, -20), nice)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
 def test_the_old_engines_and_fork_server_of_a_reload_are_closed_at_the_lowest_priority(
         trained_model, second_model, truth):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         pool.predict(common(1), items(300))
         old = pool.engine_pids()
         server = pool._groups[0].server.pid  # pylint: disable=protected-access
-        # Stopped, they cannot exit before their nice values are read. (Until
-        # the server exits: the kernel then continues the stopped members of
-        # the process group it leaves orphaned, so the watch below polls
-        # without sleeping.)
-        for pid in old + [server]:
-            os.kill(pid, signal.SIGSTOP)
-        seen = {}
-        stop = threading.Event()
-
-        def watch():
-            while not stop.is_set():
-                for pid in old + [server]:
-                    nice = nice_of(pid)
-                    if nice is not None:
-                        seen[pid] = max(seen.get(pid, -20), nice)
-
         before = {pid: nice_of(pid) for pid in old + [server]}
         assert all(nice < 19 for nice in before.values())
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
+        with stopped_and_watched(old + [server]) as seen:
             pool.reload(scoring_args(second_model), timeout=1.0)
             deadline = time.time() + 5
             while any(seen.get(pid) != 19 for pid in old + [server]) and time.time() < deadline:
                 time.sleep(0.01)
-        finally:
-            stop.set()
-            watcher.join()
-            for pid in old + [server]:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
         assert seen == {pid: 19 for pid in old + [server]}
         # (A crowded pool's engines run a little below the client: see
         # low_priority_engines. The new ones are as the old ones were.)
@@ -224,36 +233,12 @@ def test_the_asyncio_pool_warms_up_its_reloads_engines_and_retires_the_old_ones(
             assert await pool.predict(common(5), items(3000)) == truth[trained_model][5]
             old = pool.engine_pids()
             server = pool._groups[0].server.pid  # pylint: disable=protected-access
-            # As in the threads pool's test above: all stopped, and watched
-            # without sleeping (the server's exit continues the engines).
-            for pid in old + [server]:
-                os.kill(pid, signal.SIGSTOP)
-            seen = {}
-            stop = threading.Event()
-
-            def watch():
-                while not stop.is_set():
-                    for pid in old + [server]:
-                        nice = nice_of(pid)
-                        if nice is not None:
-                            seen[pid] = max(seen.get(pid, -20), nice)
-
-            watcher = threading.Thread(target=watch)
-            watcher.start()
-            try:
+            with stopped_and_watched(old + [server]) as seen:
                 await pool.reload(scoring_args(second_model), timeout=1.0)
                 deadline = time.time() + 5
                 while any(seen.get(pid) != 19 for pid in old + [server]) \
                         and time.time() < deadline:
                     await asyncio.sleep(0.01)
-            finally:
-                stop.set()
-                watcher.join()
-                for pid in old + [server]:
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
             assert seen == {pid: 19 for pid in old + [server]}
             assert min(read_chars(pid) for pid in pool.engine_pids()) >= 2 * sample_bytes(5)
             assert await pool.predict(common(0), items(3000)) == truth[second_model][0]
