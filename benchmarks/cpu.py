@@ -15,9 +15,19 @@ def process_cpu_seconds(pid: Union[int, List[int], None]) -> float:
         return 0.0
     if isinstance(pid, list):
         return sum(process_cpu_seconds(one) for one in pid)
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def parent_pid(pid: int) -> int:
+    """The pid of the process's parent."""
+    return int(_stat_fields(pid)[1])
+
+
+def _stat_fields(pid: int) -> List[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        return handle.read().rsplit(")", 1)[1].split()
 
 
 def machine_busy_seconds() -> float:

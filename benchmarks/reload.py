@@ -25,7 +25,6 @@ CPU a reload's old engines take from the new ones as they close).
 
 import argparse
 import os
-import resource
 import signal
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any, Dict, List, Tuple
 
 from subwabbit import VowpalWabbitPool
 
+from .cpu import children_cpu_seconds, parent_pid
 from .pool_cpu import run_seconds
 from .turns import train_model
 from .workload import RecommenderFormatter, Workload, prediction_args
@@ -112,11 +112,6 @@ def deaths(pool: VowpalWabbitPool, workload: Workload, count: int,
     return {"after": after, "whole": statistics.mean(whole)}
 
 
-def _parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
-
-
 def closes(args: List[str], size: int, workload: Workload, count: int,
            timeout: float) -> Dict[str, List[float]]:
     """Open ``count`` pools one after the other, make a few calls on each,
@@ -136,14 +131,13 @@ def closes(args: List[str], size: int, workload: Workload, count: int,
                 pool.predict(workload.requests[index], workload.candidates[index],
                              timeout=timeout)
             pids = pool.engine_pids()
-            servers = {_parent_pid(pid) for pid in pids} - {os.getpid()}
+            servers = {parent_pid(pid) for pid in pids} - {os.getpid()}
             before = sum(run_seconds(pid) for pid in set(pids) | servers)
-            reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+            reaped = children_cpu_seconds()
             began = time.perf_counter()
             pool.close()
             walls.append(time.perf_counter() - began)
-            now = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpus.append(now.ru_utime + now.ru_stime - reaped.ru_utime - reaped.ru_stime - before)
+            cpus.append(children_cpu_seconds() - reaped - before)
     return {"wall": walls, "cpu": cpus}
 
 

@@ -18,6 +18,7 @@ engine runs vw's own driver), the nonblocking and the blocking class.
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -35,13 +36,14 @@ from .workload import RecommenderFormatter, Workload, prediction_args
 DEFAULT_SIZES = (30, 100, 300, 1000)
 
 
-def _contenders(args: List[str]) -> Dict[str, Any]:
+def _contenders(stack: contextlib.ExitStack, args: List[str]) -> Dict[str, Any]:
+    """Open the contenders, each closed when ``stack`` is."""
     formatter = RecommenderFormatter()
-    pool = VowpalWabbitPool(formatter, args)
+    pool = stack.enter_context(VowpalWabbitPool(formatter, args))
     return {f"pool ({pool.size})": pool,
-            "pool (1)": VowpalWabbitPool(formatter, args, size=1),
-            "nonblocking": VowpalWabbitNonBlockingProcess(formatter, args),
-            "blocking": VowpalWabbitProcess(formatter, args)}
+            "pool (1)": stack.enter_context(VowpalWabbitPool(formatter, args, size=1)),
+            "nonblocking": stack.enter_context(VowpalWabbitNonBlockingProcess(formatter, args)),
+            "blocking": stack.enter_context(VowpalWabbitProcess(formatter, args))}
 
 
 def measure(workload: Workload, args: List[str], sizes: Sequence[int], rounds: int,
@@ -51,20 +53,19 @@ def measure(workload: Workload, args: List[str], sizes: Sequence[int], rounds: i
 
     :raises RuntimeError: when a call returns fewer predictions than items
     """
-    contenders = _contenders(args)
     table: Dict[int, Dict[str, float]] = {}
-    gc.disable()
-    try:
-        for size in sizes:
-            means: Dict[str, List[float]] = {name: [] for name in contenders}
-            for _ in range(rounds):
-                for name, model in contenders.items():
-                    means[name].append(_turn(model, workload, size, calls, timeout, name))
-            table[size] = {name: statistics.median(values) for name, values in means.items()}
-    finally:
-        gc.enable()
-        for model in contenders.values():
-            model.close()
+    with contextlib.ExitStack() as stack:
+        contenders = _contenders(stack, args)
+        gc.disable()
+        try:
+            for size in sizes:
+                means: Dict[str, List[float]] = {name: [] for name in contenders}
+                for _ in range(rounds):
+                    for name, model in contenders.items():
+                        means[name].append(_turn(model, workload, size, calls, timeout, name))
+                table[size] = {name: statistics.median(values) for name, values in means.items()}
+        finally:
+            gc.enable()
     return table
 
 
