@@ -390,6 +390,22 @@ def test_node_args_add_allreduce_a_cache_for_passes_and_predict_only_for_bfgs():
         check_user_args(["--passes", "zero"])
 
 
+def test_nodes_go_to_the_workers_the_scheduler_has_and_none_means_an_error(cluster3,
+                                                                           monkeypatch):
+    # Asked of the scheduler each time, not read from the client's cached
+    # identity, which its periodic refresh can leave listing no worker (as
+    # here): every worker, each once per thread.
+    monkeypatch.setattr(cluster3, "scheduler_info", lambda *args, **kwargs: {"workers": {}})
+    addresses = job_module._spread_over_workers(cluster3, 4)  # pylint: disable=protected-access
+    assert len(set(addresses[:3])) == 3 and addresses[3] == addresses[0]
+    assert set(addresses) == set(cluster3.nthreads())
+    with distributed.LocalCluster(n_workers=0, processes=False,
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as empty:
+        with pytest.raises(ValueError, match="has no worker"):
+            run_job(empty, [["|a x"]], VowpalWabbitDummyFormatter(), ARGS, timeout_s=10)
+
+
 def test_more_shards_than_worker_threads_still_run_at_once(cluster2, calls):
     result = run_job(cluster2, split(calls, 3), VowpalWabbitDummyFormatter(), ARGS,
                      timeout_s=60)

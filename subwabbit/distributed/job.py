@@ -118,12 +118,11 @@ def _spread_over_workers(client: Any, count: int) -> List[str]:
 
     :raises ValueError: when the cluster has no worker
     """
-    try:
-        info = client.scheduler_info(n_workers=-1)
-    except TypeError:  # distributed before 2025: every worker, always
-        info = client.scheduler_info()
-    threads = {address: max(1, int(worker.get("nthreads", 1)))
-               for address, worker in info.get("workers", {}).items()}
+    # Asked of the scheduler, answered to this call: scheduler_info() returns
+    # the client's cached identity, which the client's own periodic refresh
+    # may replace, between its fetch and its return, with one that lists no
+    # worker (a job on a cluster of 3 workers once failed so).
+    threads = {address: max(1, int(count)) for address, count in client.nthreads().items()}
     if not threads:
         raise ValueError("the Dask cluster has no worker")
     if count > sum(threads.values()):
