@@ -24,7 +24,7 @@ from .client import ClientBase, MetricsHook, ReloadPlan
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import format_common_part
-from .core.roster import Roster, Slot
+from .core.roster import Roster, Slot, Ticket
 from .core.split import Lane, SplitPredictExchange
 from .cpus import usable_cpus
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
@@ -309,9 +309,13 @@ class PoolBase(ClientBase):
 
     # ------------------------------------------- decisions (caller holds the state)
 
-    def _take_first(self, exchange: SplitPredictExchange[Slot], items: Any) -> Optional[int]:
-        """Take a call's first engines if one is free.
+    def _take_first(self, exchange: SplitPredictExchange[Slot], items: Any,
+                    ticket: Optional[Ticket] = None) -> Optional[int]:
+        """Take a call's first engines if one is free and not due to a call
+        that waited before it.
 
+        :param ticket: the call's place among the waiting calls (``None``:
+            it does not wait yet, and comes after all of them)
         :returns: the generation that serves it, or ``None`` when none is free
         """
         roster = self._roster
@@ -319,10 +323,13 @@ class PoolBase(ClientBase):
         free = roster.free(generation)
         if not free:
             return None
+        mine = len(free) - roster.ahead_of(ticket, _clock())
+        if mine <= 0:
+            return None
         roster.calls += 1
         want = lanes_wanted(self._remaining(items, exchange), roster.share(generation), 0,
                             exchange.max_lanes)
-        for slot in free[:max(1, want)]:
+        for slot in free[:min(mine, max(1, want))]:
             roster.take(slot)
             exchange.add_lane(slot, slot.channel)
         return generation
@@ -714,7 +721,7 @@ class PoolBase(ClientBase):
         if limit is None and self.io_timeout_s is not None:
             limit = start + self.io_timeout_s
         roster = self._roster
-        waited = False
+        ticket: Optional[Ticket] = None
         try:
             while True:
                 with self._state_lock():
@@ -722,13 +729,11 @@ class PoolBase(ClientBase):
                         raise VowpalWabbitError(f"{type(self).__name__} is closed")
                     stuck = self._take_out_unfit()
                     if not stuck:
-                        generation = self._take_first(exchange, items)
+                        generation = self._take_first(exchange, items, ticket)
                         if generation is not None:
                             return generation
-                        if not waited:
-                            waited = True
-                            roster.waiting += 1
-                            roster.version += 1
+                        if ticket is None:
+                            ticket = roster.wait(limit)
                             self._counters["waited_for_engine"] += 1
                         if limit is not None and _clock() >= limit:
                             if deadline is not None:
@@ -742,14 +747,13 @@ class PoolBase(ClientBase):
                 if not stuck:
                     yield WaitForEngine(version, limit)
         finally:
-            if waited:
+            if ticket is not None:
                 with self._state_lock():
-                    roster.waiting -= 1
-                    roster.version += 1
+                    roster.stop_waiting(ticket)
                     self._changed()
             if metrics is not None:
                 metrics["lock_wait_time"] = _clock() - start
-                if waited:
+                if ticket is not None:
                     metrics["waited_for_other_call"] = 1
 
     def _serve(self, exchange: SplitPredictExchange[Slot], items: Any, generation: int,

@@ -67,6 +67,40 @@ def test_calls_leave_no_reference_cycles(trained_model, truth):
     assert run(main()) == []
 
 
+def test_a_waiting_call_is_not_starved_by_a_task_that_calls_back_to_back(trained_model, truth):
+    # The task in a loop gave its engine back and took it again before the
+    # waiting task ran (no await between its calls): the waiting call
+    # returned [] at its deadline. Waiting calls now come first.
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                                         io_timeout_s=2.0) as pool:
+            stop = False
+            loop_calls = 0
+
+            async def back_to_back():
+                nonlocal loop_calls
+                while not stop:
+                    await pool.predict(common(0), items(3000))
+                    loop_calls += 1
+
+            looping = asyncio.ensure_future(back_to_back())
+            try:
+                while loop_calls < 2:
+                    await asyncio.sleep(0.01)
+                metrics = {}
+                got = await pool.predict(common(1), items(300), timeout=0.5, metrics=metrics)
+                unbounded = await pool.predict(common(2), items(300))
+            finally:
+                stop = True
+                await asyncio.wait_for(looping, 30)
+            return got, unbounded, metrics, loop_calls
+
+    got, unbounded, metrics, loop_calls = run(asyncio.wait_for(main(), 60))
+    assert got == truth[trained_model][1][:300], (len(got), loop_calls, metrics)
+    assert metrics["waited_for_other_call"] == 1
+    assert unbounded == truth[trained_model][2][:300]
+
+
 def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),

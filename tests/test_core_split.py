@@ -281,6 +281,25 @@ def test_wants_lanes_while_items_are_left_and_not_after_the_cutoff():
 
 # ------------------------------------------------------------------ roster
 
+def test_roster_queues_waiting_calls_in_the_order_they_came():
+    roster = Roster()
+    assert roster.ahead_of(None, 0.0) == 0  # nobody waits: a new call may take any engine
+    first, second = roster.wait(None), roster.wait(5.0)
+    assert roster.waiting == 2
+    assert roster.ahead_of(first, 0.0) == 0
+    assert roster.ahead_of(second, 0.0) == 1
+    assert roster.ahead_of(None, 0.0) == 2  # a new call comes after both
+    # a waiting call whose limit has passed is on its way out: it holds no engine back
+    assert roster.ahead_of(None, 5.0) == 1
+    version = roster.version
+    roster.stop_waiting(first)
+    assert roster.version > version and roster.waiting == 1
+    assert roster.ahead_of(second, 0.0) == 0 and roster.ahead_of(None, 0.0) == 1
+    roster.stop_waiting(first)  # twice: no harm
+    roster.stop_waiting(second)
+    assert roster.waiting == 0 and roster.ahead_of(None, 0.0) == 0
+
+
 def test_roster_shares_engines_fairly_and_prefers_engines_without_leftovers():
     roster = Roster()
     slots = [roster.add(object(), 0) for _ in range(4)]
@@ -288,10 +307,12 @@ def test_roster_shares_engines_fairly_and_prefers_engines_without_leftovers():
     assert roster.free(0)[-1] is slots[0]
     roster.calls = 1
     assert roster.share(0) == 4
-    roster.waiting = 1
+    ticket = roster.wait(None)
+    assert roster.waiting == 1
     assert roster.share(0) == 2
     assert roster.over_share(3, 0) and not roster.over_share(2, 0)
-    roster.calls, roster.waiting = 5, 0
+    roster.stop_waiting(ticket)
+    roster.calls = 5
     assert roster.share(0) == 1
     assert not roster.over_share(1, 0)
     roster.calls = 2  # two calls running, none waiting: still an equal share each

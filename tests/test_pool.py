@@ -169,6 +169,38 @@ def test_a_call_never_waits_past_its_deadline_for_a_free_engine(trained_model, t
         assert pool.stats()["waited_for_engine"] >= 1
 
 
+def test_a_waiting_call_is_not_starved_by_a_caller_that_calls_back_to_back(trained_model, truth):
+    # The caller in a loop gave its engine back and took it again at once,
+    # before the waiting call could: the waiting call returned [] at its
+    # deadline, however many loop calls ended meanwhile. Waiting calls now
+    # come first, in the order they came.
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                          io_timeout_s=2.0) as pool:
+        stop = threading.Event()
+        loop_calls = [0]
+
+        def back_to_back():
+            while not stop.is_set():
+                pool.predict(common(0), items(3000))
+                loop_calls[0] += 1
+
+        thread = threading.Thread(target=back_to_back)
+        thread.start()
+        try:
+            assert wait_until(lambda: loop_calls[0] >= 2)
+            metrics = {}
+            got = pool.predict(common(1), items(300), timeout=0.5, metrics=metrics)
+            # without a deadline too (it raised VowpalWabbitBusyError after io_timeout_s)
+            unbounded = pool.predict(common(2), items(300))
+        finally:
+            stop.set()
+            thread.join(30)
+        assert got == truth[trained_model][1][:300], (len(got), loop_calls, metrics)
+        assert metrics["waited_for_other_call"] == 1
+        assert unbounded == truth[trained_model][2][:300]
+        assert pool.stats()["engines"] == 1
+
+
 def test_training_on_a_pool_is_refused(pool):
     with pytest.raises(VowpalWabbitError, match="write_only=True"):
         pool.train(common(1), items(2), [1, -1])

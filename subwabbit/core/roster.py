@@ -12,8 +12,9 @@ The drivers (:mod:`subwabbit.pool` with a lock and a condition,
 consistent; the roster only decides.
 """
 
+import collections
 import math
-from typing import Any, List, Optional
+from typing import Any, Deque, List, Optional
 
 from .channel import Channel
 
@@ -65,20 +66,40 @@ class Slot:
                 f"{self.channel.describe()}>")
 
 
+class Ticket:
+    """A call's place in the queue of calls waiting for a first engine.
+
+    :param limit: when the call stops waiting (a clock value; ``None``: no limit)
+    """
+
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: Optional[float]) -> None:
+        self.limit = limit
+
+
 class Roster:
-    """The engines of a pool and the calls that hold them."""
+    """The engines of a pool and the calls that hold them.
+
+    Calls that find no engine free wait in a queue, and free engines go to
+    them in the order they came (:meth:`ahead_of`): a call that arrives
+    while others wait, or that a caller makes right after its last one
+    ended, queues behind them instead of taking the engine the last call
+    gave back (a caller calling back to back had kept a pool of one engine
+    from every other call until their deadlines).
+    """
 
     def __init__(self) -> None:
         #: engines in service (failed and retired ones are taken out)
         self.slots: List[Slot] = []
         #: the generation new calls are served by
         self.generation = 0
-        #: calls in progress, and calls waiting for a first engine
+        #: calls in progress (see :attr:`waiting` for those waiting for a first engine)
         self.calls = 0
-        self.waiting = 0
         #: bumped at every change a call in progress may want to react to
         self.version = 0
         self._numbers = 0
+        self._queue: Deque[Ticket] = collections.deque()
 
     # -------------------------------------------------------------- engines
 
@@ -123,6 +144,44 @@ class Roster:
         return sum(1 for slot in self.slots if slot.generation == generation)
 
     # ---------------------------------------------------------------- calls
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a first engine."""
+        return len(self._queue)
+
+    def wait(self, limit: Optional[float]) -> Ticket:
+        """A call found no engine it may take: queue it behind the calls
+        already waiting.
+
+        :param limit: when it stops waiting (``None``: never on its own)
+        :returns: its place, for :meth:`ahead_of` and :meth:`stop_waiting`
+        """
+        ticket = Ticket(limit)
+        self._queue.append(ticket)
+        self.version += 1
+        return ticket
+
+    def stop_waiting(self, ticket: Ticket) -> None:
+        """The call of ``ticket`` took its engines, or gave up waiting."""
+        try:
+            self._queue.remove(ticket)
+        except ValueError:
+            pass
+        self.version += 1
+
+    def ahead_of(self, ticket: Optional[Ticket], now: float) -> int:
+        """How many waiting calls come before the call of ``ticket`` (all
+        of them for a call that does not wait yet): that many free engines
+        are theirs. A call whose limit has passed counts no more: it is on
+        its way out."""
+        ahead = 0
+        for queued in self._queue:
+            if queued is ticket:
+                break
+            if queued.limit is None or queued.limit > now:
+                ahead += 1
+        return ahead
 
     def stuck(self, now: float, idle_s: Optional[float]) -> List[Slot]:
         """Free engines that have owed answers with no output for ``idle_s``
