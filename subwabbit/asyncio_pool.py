@@ -101,11 +101,15 @@ class AsyncVowpalWabbitPool(PoolBase):
                 self._owner_pid = os.getpid()
                 self._started = False
             if not self._started:
-                group, engines = await self._spawn(self.argv, self.vw_args, self.size)
+                # The generation these engines are for: a reload() that
+                # switches models while they start makes them the old model's,
+                # and they are stopped (the reload's engines serve).
                 generation = self._roster.generation
-                if not self._put_in_service(engines, generation, group=group):
+                group, engines = await self._spawn(self.argv, self.vw_args, self.size)
+                if self._put_in_service(engines, generation, group=group):
+                    self._groups[generation] = group
+                elif self._closed:
                     raise VowpalWabbitError(f"{type(self).__name__} is closed")
-                self._groups[generation] = group
                 self._started = True
         return self
 

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 import warnings
 import weakref
@@ -14,9 +15,10 @@ import weakref
 import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStartupError
+from subwabbit.command import default_engine_command
 
 from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common, in_child,
-                      items, proc_stat, process_gone, scoring_args, warnings_of)
+                      items, proc_stat, process_gone, scoring_args, wait_until, warnings_of)
 
 
 def run(coroutine):
@@ -99,6 +101,39 @@ def test_a_waiting_call_is_not_starved_by_a_task_that_calls_back_to_back(trained
     assert got == truth[trained_model][1][:300], (len(got), loop_calls, metrics)
     assert metrics["waited_for_other_call"] == 1
     assert unbounded == truth[trained_model][2][:300]
+
+
+def test_a_start_that_a_reload_overtakes_leaves_the_reloaded_model_alone(
+        trained_model, second_model, truth, tmp_path):
+    # start() read the generation after its engines had started: a reload()
+    # that switched models meanwhile got the first model's engines too, and
+    # calls mixed the two models (found by a review).
+    flag = tmp_path / "slow"
+    wrapper = tmp_path / "slow_for_one_model.py"
+    wrapper.write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}) and {trained_model!r} in sys.argv:\n"
+        "    time.sleep(1.5)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n")
+    command = [sys.executable, str(wrapper)] + default_engine_command()
+    flag.write_text("")
+
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                                     vw_command=command)
+        starting = asyncio.ensure_future(pool.start())
+        await asyncio.sleep(0.2)  # start() is loading the first model, slowly
+        await pool.reload(scoring_args(second_model))  # the second one switches first
+        await asyncio.wait_for(starting, 30)
+        generation, engines = pool.generation, len(pool.engine_pids())
+        got = [await pool.predict(common(user), items(3000)) for user in range(6)]
+        await pool.close()
+        return generation, engines, got
+
+    generation, engines, got = run(asyncio.wait_for(main(), 60))
+    assert (generation, engines) == (1, 2)
+    assert got == [truth[second_model][user] for user in range(6)]
+    assert wait_until(lambda: not children_of_this_process())
 
 
 def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):
