@@ -360,6 +360,9 @@ class VowpalWabbitPool(PoolBase):
                 while any(slot.held for slot in slots) and _clock() < until:
                     self._cond.wait(until - _clock())
             free = self._leave_held_to_their_calls_now(slots)
+            # Taken under the lock: a start that this close cuts short takes
+            # its group out of the dict from its own thread.
+            groups = list(self._groups.values())
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return
@@ -372,7 +375,7 @@ class VowpalWabbitPool(PoolBase):
             threads.append(thread)
         for thread in threads:
             thread.join(max(0.0, deadline - _clock()))
-        for group in self._groups.values():
+        for group in groups:
             group.close(max(0.0, deadline - _clock()))
 
     def __enter__(self) -> "VowpalWabbitPool":

@@ -476,7 +476,7 @@ class PoolBase(ClientBase):
         """Closing in a forked child: let go of the parent's engines untouched."""
         for slot in slots:
             slot.engine.abandon_in_fork()
-        for group in self._groups.values():
+        for group in list(self._groups.values()):
             group.abandon_in_fork()
 
     def _switch_now(self, group: EngineGroup, engines: List[Any]

@@ -25,6 +25,7 @@ from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupEr
 from subwabbit.command import default_engine_command
 from subwabbit.core.split import SplitPredictExchange
 from subwabbit.engine_group import LOW_PRIORITY_NICE
+from subwabbit.fork_server import ForkServer
 
 from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
                       deadline_calls, in_child, items, wide_model,
@@ -603,6 +604,37 @@ def test_a_forked_child_that_loads_another_model_file_than_its_parent_warns(
         assert len(warned) == 1 and f"model file at {served}" in warned[0], warned
         assert f"parent process {os.getpid()}" in warned[0] and "generation 0" in warned[0]
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
+def test_close_in_a_forked_child_while_its_own_engines_start(trained_model):
+    # close() went through the pool's engine groups unlocked while the
+    # child's start, cut short by it, took its group out from its own
+    # thread: RuntimeError "dictionary changed size during iteration"
+    # (found by a review). A fork server that takes a while to exit (a large
+    # model to free) and a start that takes a while widen the window.
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        def child():
+            close_server, fork_engine = ForkServer.close, ForkServer.fork_engine
+
+            def slow_close(server, timeout_s=5.0):
+                close_server(server, timeout_s)
+                time.sleep(0.5)
+
+            def slow_fork(server, timeout_s=5.0):
+                engine = fork_engine(server, timeout_s)
+                time.sleep(0.2)
+                return engine
+
+            ForkServer.close, ForkServer.fork_engine = slow_close, slow_fork
+            pool.predict(common(1), items(10), timeout=0.001)  # starts the child's own engines
+            time.sleep(0.1)  # its fork server is up, its first engine being forked
+            began = time.perf_counter()
+            pool.close(timeout=3.0)
+            return time.perf_counter() - began
+
+        result = in_child(child)
+        assert "ok" in result, result
+        assert result["ok"] < 3.0 + 1.0
 
 
 def test_calls_racing_in_a_forked_child_count_one_restart(trained_model, truth):
