@@ -72,6 +72,9 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._started = False
         self._waiters: List["asyncio.Future[None]"] = []
         self._tasks: Set["asyncio.Future[Any]"] = set()
+        #: the tasks of :attr:`_tasks` that start engines: what each attempts,
+        #: for which generation (see :meth:`_resume_cut_short_starts`)
+        self._starts: Dict["asyncio.Future[Any]", "tuple[str, int]"] = {}
         #: the loop that started the engines (a fork server reports an
         #: engine's exit to it from another thread)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -202,13 +205,50 @@ class AsyncVowpalWabbitPool(PoolBase):
                  ) -> None:
         hand_off(asyncio.get_running_loop(), discard, engines, group)
 
-    def _background(self, coroutine: Any) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _start_engine_later(self, generation: int) -> None:
-        self._background(_keep_trying(weakref.ref(self), "_try_replacement", generation))
+        self._start_in_background("_try_replacement", generation)
+
+    def _start_in_background(self, attempt: str, generation: int) -> None:
+        """Start engines for ``generation`` with ``attempt`` (see
+        :func:`_keep_trying`) in a task of the running loop."""
+        task = asyncio.ensure_future(_keep_trying(weakref.ref(self), attempt, generation))
+        tasks, starts = self._tasks, self._starts
+        tasks.add(task)
+        starts[task] = (attempt, generation)
+        # Callbacks that hold the containers, not the pool: a pool dropped
+        # while a start waits to try again is released.
+        task.add_done_callback(tasks.discard)
+        task.add_done_callback(lambda done: starts.pop(done, None))
+
+    def _resume_cut_short_starts(self) -> None:
+        """Start again what the end of an event loop cut short: a loop that
+        ends cancels the tasks starting replacements (or a forked child's
+        own engines), and their engines are stopped. Nothing else would
+        start them again, and the pool would stay short of engines for good
+        (with one engine, every call would return nothing). Called at every
+        call, on its loop; the common case costs one count of the roster."""
+        generation = self._roster.generation
+        healthy = self._roster.healthy(generation)
+        if healthy >= self.size:
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop is None or self._loop.is_closed():
+            self._loop = loop  # engine exits are reported to this loop from now on
+        pending = [attempt for task, (attempt, owed) in self._starts.items()
+                   if owed == generation and not task.done() and not task.get_loop().is_closed()]
+        if "_try_own_engines" in pending:
+            return
+        if generation not in self._groups:  # this process's own engines never started
+            logger.warning("starting the pool's engines again: the event loop that started "
+                           "them ended first")
+            self._start_in_background("_try_own_engines", generation)
+            return
+        missing = self.size - healthy - len(pending)
+        if missing > 0:
+            logger.warning("starting %d replacement engine(s) of the pool again: the event "
+                           "loop that started them ended first", missing)
+            for _ in range(missing):
+                self._start_in_background("_try_replacement", generation)
 
     def _engine_exited(self, pid: int) -> None:
         loop = self._loop
@@ -285,9 +325,9 @@ class AsyncVowpalWabbitPool(PoolBase):
                         os.getpid(), self._owner_pid)
             self._owner_pid = os.getpid()
             self._restart_count += 1
-            self._background(_keep_trying(weakref.ref(self), "_try_own_engines",
-                                          self._roster.generation))
+            self._start_in_background("_try_own_engines", self._roster.generation)
             return True
+        self._resume_cut_short_starts()
         return False
 
     async def _try_own_engines(self, generation: int) -> None:
@@ -336,6 +376,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._loop = None
         self._waiters = []
         self._tasks = set()
+        self._starts = {}
         self._start_lock = None
         self._closing = None
         self._closing_slots = []

@@ -18,7 +18,8 @@ from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitStar
 from subwabbit.command import default_engine_command
 
 from conftest import (CyclesLeft, DictFormatter, children_of_this_process, common, in_child,
-                      items, proc_stat, process_gone, scoring_args, wait_until, warnings_of)
+                      items, proc_stat, process_gone, scoring_args, slow_starting_engine,
+                      wait_until, warnings_of)
 
 
 def run(coroutine):
@@ -134,6 +135,80 @@ def test_a_start_that_a_reload_overtakes_leaves_the_reloaded_model_alone(
     assert (generation, engines) == (1, 2)
     assert got == [truth[second_model][user] for user in range(6)]
     assert wait_until(lambda: not children_of_this_process())
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_replacement_that_an_ending_event_loop_cut_short_is_started_again(
+        trained_model, truth, tmp_path, size):
+    # The loop that ended cancelled the task starting the replacement, and
+    # nothing started it again: the pool stayed an engine short for good,
+    # and with one engine every call returned [] (found by a review).
+    flag, command = slow_starting_engine(tmp_path, 0.5)
+    pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=size,
+                                 vw_command=command)
+
+    async def first_loop():
+        await pool.start()
+        flag.write_text("")  # engines start slowly from now on
+        victim = pool.engine_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert process_gone(victim)
+        await pool.predict(common(1), items(3000), timeout=0.05)  # a replacement is due
+        await asyncio.sleep(0.1)  # it is starting when the loop ends
+
+    async def second_loop():
+        got = []
+        for _ in range(40):
+            got.append(await pool.predict(common(2), items(300), timeout=0.05))
+            if len(pool.engine_pids()) == size and got[-1]:
+                break
+            await asyncio.sleep(0.1)
+        stats = pool.stats()
+        await pool.close()
+        return stats, got
+
+    run(first_loop())
+    flag.unlink()
+    stats, got = run(second_loop())
+    assert all(each == truth[trained_model][2][:len(each)] for each in got)
+    assert stats["engines"] == size and got[-1], (stats, [len(each) for each in got])
+
+
+def test_a_forked_childs_own_engines_that_an_ending_event_loop_cut_short_start_again(
+        trained_model, truth, tmp_path):
+    flag, command = slow_starting_engine(tmp_path, 0.5)
+
+    async def in_the_child(pool):
+        flag.write_text("")
+        await pool.predict(common(1), items(300), timeout=0.001)  # starts its own engines
+        await asyncio.sleep(0.1)  # they are starting when the loop ends
+
+    async def in_the_child_later(pool):
+        got = []
+        for _ in range(40):
+            got.append(await pool.predict(common(2), items(300), timeout=0.05))
+            if got[-1]:
+                break
+            await asyncio.sleep(0.1)
+        engines = len(pool.engine_pids())
+        await pool.close()
+        return [each == truth[trained_model][2][:len(each)] for each in got], len(got[-1]), engines
+
+    def child():
+        asyncio.run(in_the_child(pool))
+        flag.unlink()
+        return asyncio.run(in_the_child_later(pool))
+
+    async def main():
+        async with pool:
+            return in_child(child)
+
+    pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                                 vw_command=command)
+    result = run(main())
+    assert "ok" in result, result
+    exact, last, engines = result["ok"]
+    assert all(exact) and last == 300 and engines == 2, result
 
 
 def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):
