@@ -610,11 +610,15 @@ class PoolBase(ClientBase):
                 if (pid is None or slot.engine.pid == pid) and not slot.held
                 and slot.engine.returncode is not None and self._take_out_now(slot)]
 
-    def _exited_idle_error(self, slot: Slot) -> BaseException:
+    def _exited_idle_error(self, slot: Slot, until: Optional[float] = None) -> BaseException:
         """The error of an engine that exited while no call used it (built
-        without the state lock: it may wait for the last lines of stderr)."""
+        without the state lock: it may wait for the last lines of stderr,
+        never past ``until``, the deadline of the call that found it)."""
+        deadline = _clock() + self._status_wait_s
+        if until is not None:
+            deadline = min(deadline, until)
         return slot.engine.exited_error("the vw engine exited while no call used it",
-                                        deadline=_clock() + self._status_wait_s)
+                                        deadline=deadline)
 
     def _channel_for(self, engine: EngineProcess) -> Channel:
         """The channel a started engine serves on: the one its warm-up left
@@ -742,7 +746,7 @@ class PoolBase(ClientBase):
                         version = roster.version
                 for slot, error in stuck:
                     if error is None:
-                        error = self._exited_idle_error(slot)
+                        error = self._exited_idle_error(slot, deadline)
                     self._stop_failed(slot, error, replacing=True)
                 if not stuck:
                     yield WaitForEngine(version, limit)

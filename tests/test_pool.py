@@ -202,6 +202,28 @@ def test_a_waiting_call_is_not_starved_by_a_caller_that_calls_back_to_back(train
         assert pool.stats()["engines"] == 1
 
 
+def test_a_call_that_finds_an_idle_engine_dead_returns_by_its_deadline(trained_model,
+                                                                      tmp_path):
+    # The error of an engine found dead while idle waited for the last lines
+    # of its stderr for up to 50 ms, whatever the deadline of the call that
+    # found it (found by a review). Here its stderr stays open after it dies
+    # (a process it started holds it), so that wait runs its full length.
+    wrapper = tmp_path / "engine_with_a_lingering_child.sh"
+    wrapper.write_text('sleep 5 & exec "$@"\n')
+    command = ["sh", str(wrapper)] + default_engine_command()
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                          share_weights=False, vw_command=command) as pool:
+        victim = pool.engine_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert wait_until(lambda: proc_stat(victim) is None or proc_stat(victim)[0] == "Z")
+        began = time.perf_counter()
+        got = pool.predict(common(1), items(300), timeout=0.005)
+        took = time.perf_counter() - began
+        assert took < 0.005 + 0.025, took
+        assert got == []
+        assert pool.stats()["engine_failures"] == 1
+
+
 def test_training_on_a_pool_is_refused(pool):
     with pytest.raises(VowpalWabbitError, match="write_only=True"):
         pool.train(common(1), items(2), [1, -1])
