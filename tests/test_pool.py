@@ -213,9 +213,9 @@ def test_a_call_that_finds_an_idle_engine_dead_returns_by_its_deadline(trained_m
     command = ["sh", str(wrapper)] + default_engine_command()
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
                           share_weights=False, vw_command=command) as pool:
-        victim = pool.engine_pids()[0]
-        os.kill(victim, signal.SIGKILL)
-        assert wait_until(lambda: proc_stat(victim) is None or proc_stat(victim)[0] == "Z")
+        engine = pool._roster.slots[0].engine  # pylint: disable=protected-access
+        os.kill(engine.pid, signal.SIGKILL)
+        assert wait_until(lambda: engine.returncode is not None)  # its exit status is known
         began = time.perf_counter()
         got = pool.predict(common(1), items(300), timeout=0.005)
         took = time.perf_counter() - began
