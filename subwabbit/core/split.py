@@ -122,8 +122,8 @@ class Lane(Generic[Key]):
     """
 
     __slots__ = ("key", "channel", "call", "shares", "retiring", "dealt_lines",
-                 "answered", "answered_at", "busy_s", "_busy_since", "_progress",
-                 "_quiet_since")
+                 "answered", "answered_at", "busy_s", "busy_at_answer", "_busy_since",
+                 "_progress", "_quiet_since")
 
     def __init__(self, key: Key, channel: Channel) -> None:
         self.key = key
@@ -141,6 +141,8 @@ class Lane(Generic[Key]):
         self.answered_at: Optional[float] = None
         #: seconds of the call during which it owed answers
         self.busy_s = 0.0
+        #: :attr:`busy_s` when it last answered (its pace up to its last answer)
+        self.busy_at_answer = 0.0
         self._busy_since: Optional[float] = None
         self._progress = -1
         self._quiet_since = 0.0
@@ -508,10 +510,21 @@ class SplitPredictExchange(Generic[Key]):
         """How long a lane may answer nothing before a batch it holds is
         dealt again: the time the fastest lane takes for two batches
         (:data:`HEDGE_MIN_S` at least; :data:`HEDGE_UNKNOWN_S` before any
-        lane's pace is known)."""
+        lane's pace is known).
+
+        A lane's pace here is the one it kept up to its last answer: the
+        pace dealing goes by (:meth:`_rooms`) falls while a lane is silent,
+        and a silent lane whose pace was the only one known made its own
+        wait grow faster than its silence, so that its batch was never
+        copied (found by a review)."""
         floor = self._least_share()
-        paces = [pace for pace in (self._pace_of(lane, floor) for lane in self.lanes)
-                 if pace is not None]
+        paces = []
+        if self._pace:
+            for lane in self.lanes:
+                if lane.answered >= floor and lane.busy_at_answer > 0:
+                    paces.append(lane.answered / lane.busy_at_answer)
+                elif lane.channel.pace is not None:
+                    paces.append(lane.channel.pace)
         if not paces:
             return HEDGE_UNKNOWN_S
         return max(HEDGE_MIN_S, 2 * self.batch_size / max(paces))
@@ -656,6 +669,7 @@ class SplitPredictExchange(Generic[Key]):
                 values = self.parse(answers)
             if values:
                 lane.answered_at = self._now
+                lane.busy_at_answer = lane.busy_s
             offset = 0
             while offset < len(values):
                 share = shares[0]
