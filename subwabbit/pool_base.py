@@ -639,6 +639,12 @@ class PoolBase(ClientBase):
     #: (the asyncio driver never blocks the loop for it)
     _status_wait_s = _STATUS_WAIT_S
 
+    #: The part of its time (from its start to its deadline) during which a
+    #: call waiting for an engine comes before the calls that came after it;
+    #: a call without a deadline comes first for as long as it waits (see
+    #: :class:`~subwabbit.core.roster.Roster` for the figures behind it).
+    waiting_precedence = 0.1
+
     def _state_lock(self) -> ContextManager[Any]:
         """Held while the pool's state (the roster, the groups) is read or changed."""
         raise NotImplementedError()
@@ -737,7 +743,12 @@ class PoolBase(ClientBase):
                         if generation is not None:
                             return generation
                         if ticket is None:
-                            ticket = roster.wait(limit)
+                            # First among the calls after it for a part of its
+                            # time (see Roster): a call without a deadline for
+                            # as long as it waits.
+                            ticket = roster.wait(
+                                None if deadline is None
+                                else start + (deadline - start) * self.waiting_precedence)
                             self._counters["waited_for_engine"] += 1
                         if limit is not None and _clock() >= limit:
                             if deadline is not None:

@@ -289,8 +289,8 @@ def test_roster_queues_waiting_calls_in_the_order_they_came():
     assert roster.ahead_of(first, 0.0) == 0
     assert roster.ahead_of(second, 0.0) == 1
     assert roster.ahead_of(None, 0.0) == 2  # a new call comes after both
-    # a waiting call whose limit has passed is on its way out: it holds no engine back
-    assert roster.ahead_of(None, 5.0) == 1
+    # a waiting call past its first_until comes first no more
+    assert roster.ahead_of(None, 5.0) == 1 and roster.ahead_of(second, 5.0) == 1
     version = roster.version
     roster.stop_waiting(first)
     assert roster.version > version and roster.waiting == 1

@@ -69,24 +69,36 @@ class Slot:
 class Ticket:
     """A call's place in the queue of calls waiting for a first engine.
 
-    :param limit: when the call stops waiting (a clock value; ``None``: no limit)
+    :param first_until: until when it comes before the calls that came
+        after it (a clock value; ``None``: for as long as it waits)
     """
 
-    __slots__ = ("limit",)
+    __slots__ = ("first_until",)
 
-    def __init__(self, limit: Optional[float]) -> None:
-        self.limit = limit
+    def __init__(self, first_until: Optional[float]) -> None:
+        self.first_until = first_until
 
 
 class Roster:
     """The engines of a pool and the calls that hold them.
 
     Calls that find no engine free wait in a queue, and free engines go to
-    them in the order they came (:meth:`ahead_of`): a call that arrives
-    while others wait, or that a caller makes right after its last one
-    ended, queues behind them instead of taking the engine the last call
-    gave back (a caller calling back to back had kept a pool of one engine
-    from every other call until their deadlines).
+    them in the order they came (:meth:`ahead_of`) for the first part of
+    their time (a tenth, as the pools set it; all of it without a
+    deadline): a call that arrives while others wait, or that a caller
+    makes right after its last one ended, queues behind them instead of
+    taking the engine the last call gave back. Before, a caller calling
+    back to back kept a pool of one engine from every other call until
+    their deadlines, and with 4 threads calling a pool of 2 with 10 ms
+    deadlines on 2 vCPUs one thread got 0 to 182 predictions a second,
+    against 13,000 to 32,000 now. A call that has waited longer comes
+    first no more: an engine that went to it would have little time left
+    to serve it, and under more load than the engines can serve every call
+    got such a sliver (with the whole of their time, 16 threads got about
+    30,000 predictions a second in all, against about 50,000 when a free
+    engine went to whichever call asked first; with a tenth, 37,000 to
+    74,000 against 38,000 to 63,000 in four rounds of 2 s taken in turns,
+    and with 4 threads 101,000 to 156,000 against 96,000 to 141,000).
     """
 
     def __init__(self) -> None:
@@ -150,14 +162,15 @@ class Roster:
         """Calls waiting for a first engine."""
         return len(self._queue)
 
-    def wait(self, limit: Optional[float]) -> Ticket:
+    def wait(self, first_until: Optional[float]) -> Ticket:
         """A call found no engine it may take: queue it behind the calls
         already waiting.
 
-        :param limit: when it stops waiting (``None``: never on its own)
+        :param first_until: until when it comes before the calls that came
+            after it (``None``: for as long as it waits)
         :returns: its place, for :meth:`ahead_of` and :meth:`stop_waiting`
         """
-        ticket = Ticket(limit)
+        ticket = Ticket(first_until)
         self._queue.append(ticket)
         self.version += 1
         return ticket
@@ -171,15 +184,15 @@ class Roster:
         self.version += 1
 
     def ahead_of(self, ticket: Optional[Ticket], now: float) -> int:
-        """How many waiting calls come before the call of ``ticket`` (all
-        of them for a call that does not wait yet): that many free engines
-        are theirs. A call whose limit has passed counts no more: it is on
-        its way out."""
+        """How many waiting calls come before the call of ``ticket`` (of
+        those that came before it, or all, for a call that does not wait
+        yet): that many free engines are theirs. Only calls within their
+        :attr:`Ticket.first_until` count."""
         ahead = 0
         for queued in self._queue:
             if queued is ticket:
                 break
-            if queued.limit is None or queued.limit > now:
+            if queued.first_until is None or queued.first_until > now:
                 ahead += 1
         return ahead
 
