@@ -429,13 +429,16 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     def _after_fork_in_child(self) -> None:
         self._turn = _FifoTurn()
-        if self._engine is not None:
-            self._engine.abandon_in_fork()
-        self._abandon_channel("the process was forked; its engine belongs to the parent")
-        self._engine = self._channel = None
-        self._starting = None
-        self._closing = None
-        self._broken = None
+        try:
+            if self._engine is not None:
+                self._engine.abandon_in_fork()
+            self._abandon_channel("the process was forked; its engine belongs to the parent",
+                                  in_fork=True)
+        finally:  # whatever happens above, the child starts an engine of its own
+            self._engine = self._channel = None
+            self._starting = None
+            self._closing = None
+            self._broken = None
 
     # ----------------------------------------------------------- the driver
 

@@ -367,14 +367,21 @@ class ClientBase:
         """Let go of the parent's engine (see :func:`_track_for_fork`)."""
         raise NotImplementedError()
 
-    def _abandon_channel(self, reason: str) -> None:
+    def _abandon_channel(self, reason: str, in_fork: bool = False) -> None:
         """End the call in progress on the current channel, if any, before the
         channel is let go (its engine replaced, closed or left to the parent
         of a fork): resumed, the call raises ``reason`` rather than read from
-        whatever engine comes next."""
+        whatever engine comes next.
+
+        :param in_fork: in a forked child (see :meth:`Channel.let_go_in_fork
+            <subwabbit.core.channel.Channel.let_go_in_fork>`)
+        """
         channel = getattr(self, "_channel", None)
         if channel is not None:
-            channel.abandon(reason)
+            if in_fork:
+                channel.let_go_in_fork(reason)
+            else:
+                channel.abandon(reason)
 
     def _release(self) -> None:
         """Let go of an engine that was never closed (``__del__``, interpreter

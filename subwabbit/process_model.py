@@ -167,6 +167,10 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._turn = threading.Condition(threading.Lock())
         #: (thread id, token) of calls waiting for the process, oldest first
         self._turn_queue: Deque[Tuple[int, object]] = collections.deque()
+        #: held while a call works on the channel (a step of its driver), and
+        #: while a thread supersedes its own unfinished call: that call's
+        #: iterator may be running in another thread (see _begin_call)
+        self._step_lock = threading.Lock()
         self._adopt(self._start_engine())
 
     def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None,
@@ -291,6 +295,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._turn_queue.append(entry)
             try:
                 while self._holder is not entry:
+                    if self._closed:  # close() wakes the waiting calls
+                        raise VowpalWabbitError(f"{type(self).__name__} is closed")
                     left = None if wait_until is None else wait_until - time.perf_counter()
                     if left is not None and left <= 0:
                         self._turn_queue.remove(entry)
@@ -359,8 +365,19 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """
         began = time.perf_counter()
         token = object()
-        contended = self._holder is not None and self._holder[0] != threading.get_ident()
+        holder = self._holder
+        contended = holder is not None and holder[0] != threading.get_ident()
         held = self._wait_for_turn(token, self._turn_limit(began, deadline))
+        if held and holder is not None and not contended:
+            # This thread held the process for an unfinished call: the new
+            # call supersedes it. Its iterator may be running in another
+            # thread (handed to a thread pool, say): end it once its current
+            # step is over, so that its next step raises before it touches
+            # the channel that this call uses from now on.
+            with self._step_lock:
+                channel = self._channel
+                if channel is not None:
+                    channel.supersede()
         waited = time.perf_counter() - began
         if metrics is not None:
             metrics["lock_wait_time"] = waited
@@ -450,7 +467,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     def _drive(self, engine: EngineProcess, exchange: Exchange,
                detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:
         """:func:`~subwabbit.sync_driver.drive`, remembering engine failures."""
-        runner = drive(engine, exchange, detailed)
+        runner = drive(engine, exchange, detailed, self._step_lock)
         while True:
             try:
                 results = next(runner)
@@ -466,7 +483,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         engine = self._engine
         assert engine is not None
         try:
-            return run(engine, exchange)
+            return run(engine, exchange, self._step_lock)
         except ENGINE_FAILURES as exc:
             self._fail(exc)
             raise
@@ -808,6 +825,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         try:
             with self._turn:  # an engine being adopted is either seen below or refused
                 self._closed = True
+                self._turn.notify_all()  # calls waiting for the turn raise
                 # A call that still holds on keeps its (killed) engine's pipes
                 # until it ends its turn: closed under it, their descriptor
                 # numbers could go to another engine's pipe or a file before
@@ -859,14 +877,18 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._turn = threading.Condition(threading.Lock())
         self._turn_queue = collections.deque()
         self._holder = None
-        if self._engine is not None:
-            self._engine.abandon_in_fork()
-        if self._replacement is not None:
-            self._replacement.abandon_in_fork()
-        self._abandon_channel("the process was forked; its engine belongs to the parent")
-        self._engine = self._channel = self._replacement = None
-        self._close_on_turn_end = None
-        self._broken = None
+        self._step_lock = threading.Lock()  # (a parent's thread may have held it)
+        try:
+            if self._engine is not None:
+                self._engine.abandon_in_fork()
+            if self._replacement is not None:
+                self._replacement.abandon_in_fork()
+            self._abandon_channel("the process was forked; its engine belongs to the parent",
+                                  in_fork=True)
+        finally:  # whatever happens above, the child starts an engine of its own
+            self._engine = self._channel = self._replacement = None
+            self._close_on_turn_end = None
+            self._broken = None
 
 
 def _close_old_engine(engine: EngineProcess, timeout: float) -> None:

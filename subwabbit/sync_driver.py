@@ -5,9 +5,11 @@ It moves bytes and waits; every decision (what to send, whose an answer is,
 when a call is over) is the core's.
 """
 
+import contextlib
 import logging
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional,
+                    Sequence)
 
 from .core.channel import Channel
 from .core.exchanges import Exchange, WarmUpExchange
@@ -23,39 +25,49 @@ _clock = time.perf_counter
 
 
 def drive(engine: EngineProcess, exchange: Exchange,
-          detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:
+          detailed: Optional[Dict[str, List[Any]]] = None,
+          lock: Optional[ContextManager[Any]] = None) -> Iterator[List[Any]]:
     """Run ``exchange`` to its end, yielding its results as they come.
 
     The exchange is not ended here: the caller ends it (in a ``finally``),
     so that an abandoned generator leaves the channel exact.
+
+    :param lock: held while a step works on the channel (not while it
+        waits for the pipes, nor while the caller has the results)
     """
     channel = exchange.channel
     status_deadline = exchange.end_at
     reads = engine.prints_answers
+    guard = contextlib.nullcontext() if lock is None else lock
     # Whether stdout may hold something: a read that finds the pipe empty is a
     # system call for nothing (and, after each write, it nearly always did), so
     # after one, read again only once the wait says a pipe is ready.
     may_read = True
     while True:
-        results = exchange.step(_clock())
+        moved = True
+        with guard:
+            results = exchange.step(_clock())
+            if not results and not exchange.done:
+                received = channel.bytes_received
+                moved = pump(engine, channel, status_deadline, detailed, read=may_read)
+                if may_read and channel.bytes_received == received:
+                    may_read = False
         if results:
             yield results
             continue  # step again first: the caller may have started another call meanwhile
         if exchange.done:
             return
-        received = channel.bytes_received
-        moved = pump(engine, channel, status_deadline, detailed, read=may_read)
-        if may_read and channel.bytes_received == received:
-            may_read = False
         if not moved:
             may_read = engine.wait(reads, channel.unwritten_bytes > 0, exchange.wake_at())
 
 
-def run(engine: EngineProcess, exchange: Exchange) -> List[Any]:
-    """Run ``exchange`` to its end and return all its results."""
+def run(engine: EngineProcess, exchange: Exchange,
+        lock: Optional[ContextManager[Any]] = None) -> List[Any]:
+    """Run ``exchange`` to its end and return all its results (``lock``: see
+    :func:`drive`)."""
     results: List[Any] = []
     try:
-        for part in drive(engine, exchange):
+        for part in drive(engine, exchange, lock=lock):
             results += part
     finally:
         exchange.end()

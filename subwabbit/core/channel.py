@@ -253,13 +253,32 @@ class Channel:
         :param keep: keep the answers to the call's examples (``False``: discard them)
         """
         self._changing += 1
-        if self._current is not None:
-            self._current.superseded = True
-            self.end(self._current)
+        self.supersede()
         call = Call(self, keep)
         self._current = call
         self._changing -= 1
         return call
+
+    def supersede(self) -> None:
+        """End the active call, if any, as superseded by a later call: if
+        its caller goes on with it, it raises."""
+        if self._current is not None:
+            self._changing += 1
+            self._current.superseded = True
+            self.end(self._current)
+            self._changing -= 1
+
+    def let_go_in_fork(self, reason: str) -> None:
+        """In a forked child, which never uses this channel: mark the active
+        call, if any, ended because of ``reason``, touching nothing else. (A
+        thread of the parent may have been writing from the output buffer
+        at the fork: the view it held is never released in the child, and
+        the buffer can be neither trimmed nor resized there.)"""
+        call = self._current
+        if call is not None:
+            call.ended_because = reason
+            call.active = False
+            self._current = None
 
     def abandon(self, reason: str) -> None:
         """End the active call, if any, because the channel itself is let go

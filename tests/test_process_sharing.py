@@ -1,0 +1,215 @@
+"""A single-process client shared between threads, and forked, against the
+real engine (found by a review): a fork that lands while another thread
+writes to the engine, a call waiting for its turn when the object is
+closed, and an iterator begun in one thread and finished in another while
+the first thread makes its next call. Every result is checked against the
+engine's own predictions."""
+
+import asyncio
+import threading
+import time
+import warnings
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError, VowpalWabbitNonBlockingProcess,
+                       VowpalWabbitProcess)
+
+from conftest import DictFormatter, common, in_child, items, scoring_args
+
+SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_a_fork_that_lands_during_a_write_leaves_the_child_a_working_object(kind, trained_model,
+                                                                           truth):
+    """Deterministic stand-in for another thread calling os.fork() while this
+    thread is inside os.write() of a predict call (os.write releases the GIL)."""
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=200)
+    engine = model._engine  # pylint: disable=protected-access
+    real_write = engine.write_some
+    outcomes = []
+
+    def write_some(view, deadline=None):
+        if not outcomes:  # the fork happens while the channel's buffer is exported
+            outcomes.append(in_child(lambda: list(model.predict(common(4), items(50)))))
+        return real_write(view, deadline)
+
+    engine.write_some = write_some
+    try:
+        got = list(model.predict(common(1), items(300)))
+        assert got == pytest.approx(truth[trained_model][1][:300], abs=1e-6)  # parent: fine
+    finally:
+        model.close()
+    assert "error" not in outcomes[0], outcomes[0]   # fails: "VowpalWabbitProcess is closed"
+    assert outcomes[0]["ok"] == pytest.approx(truth[trained_model][4][:50], abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_fork_while_another_thread_predicts_child_gets_its_own_engine(kind, trained_model, truth):
+    warnings.simplefilter("ignore", DeprecationWarning)
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=200)
+    stop = threading.Event()
+    errors = []
+
+    def worker():
+        n = 0
+        while not stop.is_set():
+            user = n % 3
+            got = list(model.predict(common(user), items(3000)))
+            if got != pytest.approx(truth[trained_model][user], abs=1e-6):
+                errors.append(f"parent thread got wrong predictions for user {user}")
+            n += 1
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    failures = []
+    try:
+        time.sleep(0.2)
+        for attempt in range(30):
+            def child():
+                got = list(model.predict(common(4), items(500), timeout=None))
+                return got
+            outcome = in_child(child)
+            if "error" in outcome:
+                failures.append((attempt, outcome["error"]))
+            elif outcome["ok"] != pytest.approx(truth[trained_model][4][:500], abs=1e-6):
+                failures.append((attempt, "wrong predictions in the child"))
+            time.sleep(0.003)
+    finally:
+        stop.set()
+        thread.join(30)
+        model.close()
+    assert not errors, errors
+    assert not failures, failures[:5]
+
+
+def test_asyncio_fork_while_another_thread_predicts_child_gets_its_own_engine(trained_model, truth):
+    import asyncio
+    from subwabbit import AsyncVowpalWabbitProcess
+    warnings.simplefilter("ignore", DeprecationWarning)
+    loop = asyncio.new_event_loop()
+    model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model), batch_size=200,
+                                     max_pending_lines=1000)
+    loop.run_until_complete(model.start())
+    stop = threading.Event()
+    errors = []
+
+    def worker():
+        asyncio.set_event_loop(loop)
+        n = 0
+        while not stop.is_set():
+            user = n % 3
+            got = loop.run_until_complete(model.predict(common(user), items(3000)))
+            if got != pytest.approx(truth[trained_model][user], abs=1e-6):
+                errors.append(user)
+            n += 1
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    failures = []
+    try:
+        time.sleep(0.2)
+        for attempt in range(20):
+            def child():
+                return asyncio.new_event_loop().run_until_complete(
+                    model.predict(common(4), items(500)))
+            outcome = in_child(child)
+            if "error" in outcome:
+                failures.append((attempt, outcome["error"]))
+            elif outcome["ok"] != pytest.approx(truth[trained_model][4][:500], abs=1e-6):
+                failures.append((attempt, "wrong predictions in the child"))
+            time.sleep(0.003)
+    finally:
+        stop.set()
+        thread.join(30)
+        loop.run_until_complete(model.close())
+        loop.close()
+    assert not errors, errors
+    assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_a_call_waiting_for_the_turn_raises_closed_soon_after_close(kind, trained_model):
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), io_timeout_s=5.0)
+    parked, resume = threading.Event(), threading.Event()
+
+    def holder():  # an iterator begun in its own thread, then left unfinished for a while
+        it = model.predict(common(1), items(3000))
+        next(it)
+        parked.set()
+        resume.wait(20)
+        it.close()
+
+    a = threading.Thread(target=holder)
+    a.start()
+    assert parked.wait(10)
+    outcome = {}
+
+    def waiter():
+        began = time.perf_counter()
+        try:
+            list(model.predict(common(2), items(5)))
+            outcome["result"] = "returned"
+        except VowpalWabbitError as exc:
+            outcome["result"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        outcome["elapsed"] = time.perf_counter() - began
+
+    b = threading.Thread(target=waiter)
+    b.start()
+    time.sleep(0.1)  # b is now queued for the turn
+    model.close(timeout=0.4)
+    closed_at = time.perf_counter()
+    b.join(10)
+    waited_after_close = time.perf_counter() - closed_at
+    resume.set()
+    a.join(10)
+    print(outcome, waited_after_close)
+    assert "is closed" in outcome["result"], outcome
+    assert waited_after_close < 1.0, (outcome, waited_after_close)
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_iterator_finished_in_another_thread_while_its_first_thread_calls_again(
+        kind, trained_model, truth):
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=100)
+    problems = []
+    try:
+        for rnd in range(20):
+            first_user, second_user = rnd % 3, 3 + rnd % 3
+            unfinished = model.predict(common(first_user), items(3000))
+            got_b = [next(unfinished)]  # begun here: this thread holds the process
+            outcome = {}
+
+            def finish():
+                try:
+                    for value in unfinished:
+                        got_b.append(value)
+                    outcome["b"] = "exhausted"
+                except VowpalWabbitError as exc:
+                    outcome["b"] = str(exc).splitlines()[0]
+                except BaseException as exc:  # pylint: disable=broad-except
+                    outcome["b"] = f"UNEXPECTED {type(exc).__name__}: {exc}"
+
+            consumer = threading.Thread(target=finish)
+            consumer.start()
+            try:
+                got_a = list(model.predict(common(second_user), items(3000)))
+                if got_a != pytest.approx(truth[trained_model][second_user], abs=1e-6):
+                    bad = next(i for i, (x, y) in enumerate(zip(got_a, truth[trained_model][second_user]))
+                               if abs(x - y) > 1e-6) if len(got_a) == 3000 else None
+                    problems.append((rnd, "A got wrong predictions", len(got_a), bad))
+            except Exception as exc:  # pylint: disable=broad-except
+                problems.append((rnd, f"A raised {type(exc).__name__}: {exc}"))
+            consumer.join(30)
+            assert not consumer.is_alive(), "the consumer thread hangs"
+            if got_b != pytest.approx(truth[trained_model][first_user][:len(got_b)], abs=1e-6):
+                problems.append((rnd, "B got predictions that are not its own", len(got_b)))
+            if outcome.get("b", "").startswith("UNEXPECTED"):
+                problems.append((rnd, outcome["b"]))
+            if problems and "raised" in str(problems[-1]):
+                model.restart()
+    finally:
+        model.close()
+    for p in problems:
+        print("PROBLEM", p)
+    assert not problems, problems[:8]
