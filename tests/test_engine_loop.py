@@ -28,6 +28,10 @@ NASTY_LINES = [
     b"save_SAVEDIR/m1.vw|", b"1 save_SAVEDIR/not-a-save.vw|a x", b"save|",
     b"'save_SAVEDIR/m2.vw|", b"1 'save|", b"|a " + b"w " * 50000, b"1\ttab|a x", b"1 2 3|a y",
     b"-1 1 'x|a z", b"1 'saved_item|a x", b"|a sav save saved",
+    # vw drops a header's text up to its first tab and splits the rest on
+    # spaces only: these tags are "x\tsave", "\tsave" and "b\tsave_...", no
+    # save commands, and "b\t\xff" (the loop saved, and cut the raw tag; a review)
+    b"1\tx\tsave|", b"\t\tsave|", b"a\tb\tsave_SAVEDIR/not-saved.vw|", b"1\tb\t\xff|a x",
 ]
 
 
@@ -134,6 +138,22 @@ def test_loop_prints_and_saves_what_vw_prints_and_saves(args, tmp_path):
     assert {"m1.vw", "m2.vw"} <= set(vw[2])  # the save commands saved
     # No answer to two empty lines (one of them a lone CR) and four save commands
     assert vw[1].count(b"\n") == 2000 + 1 + len(NASTY_LINES) - 6
+
+
+@pytest.mark.parametrize("args", ["--quiet --lrq ab2", "--quiet --lrqfa ab2"])
+@pytest.mark.parametrize("skipped", [b"\n", b"save_SAVEDIR/m.vw|\n"])
+def test_lrq_learns_what_vw_learns_after_an_odd_number_of_lines_without_example(
+        args, skipped, tmp_path):
+    # vw hands every line an example from its pool, and lrq learns by the
+    # parity of their count: the loop, which hands an empty line or a save
+    # command to no parser, learned another model (0.779761 for 0.935747);
+    # a learning lrq model now runs vw's driver (found by a review).
+    data = b"1 |a x |b y\n" + skipped + b"1 |a x |b y\n|a x |b y\n"
+    vw, loop = file_and_stdin(args.split(), data, tmp_path)
+    assert vw[0] == 0 and loop[0] == 0
+    assert loop[1] == vw[1] and loop[1].count(b"\n") == 3
+    # with -t they predict the same, and the loop serves them
+    assert engine_threads(["-t"] + args.split(), LOOP) == 1
 
 
 def untagged_corpus() -> bytes:

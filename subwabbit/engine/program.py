@@ -66,6 +66,7 @@ _clock = time.thread_time
 _DATA_OPTIONS = ("-d", "--data")
 _PREDICTION_OPTIONS = ("-p", "--predictions")
 _FINAL_MODEL_OPTIONS = ("-f", "--final_regressor")
+_TEST_ONLY_OPTIONS = ("-t", "--testonly")
 
 #: Options whose input handling only vw's own driver has (files, caches,
 #: passes, example limits, other input formats, servers) or that write to
@@ -95,6 +96,13 @@ _SCALAR_LEARNERS = frozenset({
     "binary", "nn", "lrq", "lrqfa", "interact", "autolink", "classweight-scalar",
     "ftrl-Proximal-FTRL", "ftrl-Coin Betting", "ftrl-PiSTOL", "freegrad",
 })
+
+#: Learners that learn by the parity of a running count of the lines vw
+#: reads, empty lines and save commands included (vw hands each an example
+#: from its pool): the loop hands those lines to no parser, and after an odd
+#: number of them ``--lrq`` learned another model than vw's driver (found by
+#: a review). They predict the same: the loop serves them with ``-t``.
+_COUNTING_LEARNERS = frozenset({"lrq", "lrqfa"})
 
 _READ_BYTES = 1 << 16
 #: The most predictions the loop holds back: it writes them at least this
@@ -184,15 +192,21 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
     return rest, os.fsencode(final[-1][2]) if final else b""
 
 
-def _serves(workspace: Any, pylibvw: Any) -> bool:
+def _serves(workspace: Any, pylibvw: Any, learns: bool = False) -> bool:
     """Whether the one-thread loop covers this workspace: single-line examples,
     plain scalar predictions, and only learners known to print them as such
     and to learn from the loop what they learn from vw's driver (not, say,
     ``--stage_poly``, which counts examples by a number that only vw's
-    driver sets)."""
+    driver sets; nor, when it learns, ``--lrq`` and ``--lrqfa``: see
+    :data:`_COUNTING_LEARNERS`).
+
+    :param learns: whether the workspace learns (no ``-t``)
+    """
+    learners = set(workspace.get_enabled_learners())
     return (not workspace._is_multiline()  # pylint: disable=protected-access
             and workspace._get_prediction_type() == pylibvw.vw.pSCALAR  # pylint: disable=protected-access
-            and set(workspace.get_enabled_learners()) <= _SCALAR_LEARNERS)
+            and learners <= _SCALAR_LEARNERS
+            and not (learns and learners & _COUNTING_LEARNERS))
 
 
 def scalar_text(value: float) -> str:
@@ -216,14 +230,33 @@ def scalars_text(values: List[float]) -> str:
     return text[:-1]
 
 
+def _header_tag(line: bytes) -> Optional[bytes]:
+    """The tag vw reads from ``line`` (without its newline), or ``None``:
+    as vw's text parser, the header (before the first ``|``) loses
+    everything up to its first tab, is split on spaces only, and its last
+    word is the tag if it touches the ``|`` (or the end of the line) or
+    starts with a quote, which is then dropped."""
+    bar = line.find(b"|")
+    header = line if bar < 0 else line[:bar]
+    if not header:
+        return None
+    tab = header.find(b"\t")
+    if tab >= 0:
+        header = header[tab + 1:]
+    words = [word for word in header.split(b" ") if word]
+    if not words:
+        return None
+    last = words[-1]
+    if not (header.endswith(last) or last.startswith(b"'")):
+        return None
+    return last[1:] if last.startswith(b"'") else last
+
+
 def _raw_tag(text: bytes, index: int) -> str:
     """The tag of the ``index``-th example line of ``text``, from its bytes,
-    for tags that are not UTF-8 (which the bindings cannot return): the last
-    token before the line's first ``|``, without a leading quote."""
+    for tags that are not UTF-8 (which the bindings cannot return)."""
     line = [line for line in text.split(b"\n") if line][index]
-    header = line.split(b"|", 1)[0].replace(b"\t", b" ").split(b" ")
-    tag = next((token for token in reversed(header) if token), b"")
-    return (tag[1:] if tag.startswith(b"'") else tag).decode("utf-8", "surrogateescape")
+    return (_header_tag(line) or b"").decode("utf-8", "surrogateescape")
 
 
 #: A line (not the first) that does not start with ``|``.
@@ -320,12 +353,13 @@ class OneThreadLoop:
         segment: List[bytes] = []
         for line in text.split(b"\n"):
             command = _SAVE_COMMAND.fullmatch(line)
-            if command is None:
+            tag = _header_tag(line) if command is not None else None
+            if tag is None or not tag.startswith(b"save"):
                 segment.append(line)
                 continue
             self._serve_lines(b"\n".join(segment), output, True)
             segment = []
-            self._save(command.group(1))
+            self._save(tag)
         self._serve_lines(b"\n".join(segment), output, True)
 
     def _serve_lines(self, text: bytes, output: List[str], tagged: bool) -> None:
@@ -435,7 +469,8 @@ def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
         return None
     loop_args, final_model = chosen
     workspace = pylibvw.vw(loop_args)
-    if not _serves(workspace, pylibvw):
+    learns = not any(option_name(arg) in _TEST_ONLY_OPTIONS for arg in args)
+    if not _serves(workspace, pylibvw, learns):
         del workspace  # frees the model; vw's driver loads it again
         return None
     return OneThreadLoop(workspace, pylibvw, final_model)
