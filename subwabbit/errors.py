@@ -3,7 +3,9 @@
 Everything the library raises because of the engine derives from
 :class:`VowpalWabbitError`. Invalid arguments from the caller stay
 :class:`ValueError` / :class:`TypeError` and are raised before anything is
-sent to the engine.
+sent to the engine; an item that ``predict`` formats into a bad line is
+found before its batch is sent (the earlier batches' answers are
+discarded: nothing is misattributed).
 """
 
 import signal
