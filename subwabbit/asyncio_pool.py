@@ -79,6 +79,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         #: engine's exit to it from another thread)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._start_lock: Optional[asyncio.Lock] = None
+        self._reload_lock: Optional[asyncio.Lock] = None
         self._closing: Optional["asyncio.Future[None]"] = None
         self._closing_slots: List[Slot] = []
 
@@ -360,10 +361,13 @@ class AsyncVowpalWabbitPool(PoolBase):
             pool keeps serving the old model
         """
         loop = asyncio.get_running_loop()
-        # The model file's header is read off the event loop.
-        plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
-        group, engines = await self._spawn(plan.argv, plan.vw_args, self.size)
-        idle, old_groups = self._switch_to(group, engines, plan)
+        if self._reload_lock is None:
+            self._reload_lock = asyncio.Lock()
+        async with self._reload_lock:  # one at a time: the last one asked for serves
+            # The model file's header is read off the event loop.
+            plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
+            group, engines = await self._spawn(plan.argv, plan.vw_args, self.size)
+            idle, old_groups = self._switch_to(group, engines, plan)
         self._started = True
         self._close_later(idle, timeout)
         for old in old_groups:
@@ -378,6 +382,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._tasks = set()
         self._starts = {}
         self._start_lock = None
+        self._reload_lock = None
         self._closing = None
         self._closing_slots = []
 

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import struct
+import zlib
 from typing import BinaryIO, List, Optional, Sequence, Tuple
 
 from .engine.program import option_name
@@ -97,7 +98,7 @@ def saved_options(path: str) -> Optional[List[str]]:
                 text = header[start:start + length]
                 if len(text) == length and _OPTION_TEXT.fullmatch(text):
                     return text[:-1].decode("utf-8").split()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         logger.debug("cannot read the options saved in the model file %s: %r", path, exc)
     return None
 

@@ -103,6 +103,7 @@ class VowpalWabbitPool(PoolBase):
                  prediction_type: Optional[str] = None,
                  low_priority_engines: Optional[bool] = None) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._reload_lock = threading.Lock()
         #: engines (and groups) to stop once the state lock is released (see :meth:`_discard`)
         self._discards: List["tuple[List[EngineProcess], Optional[EngineGroup]]"] = []
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
@@ -258,20 +259,23 @@ class VowpalWabbitPool(PoolBase):
 
         New engines are started and checked first; then new calls go to
         them, calls in progress finish on the old engines, and each old
-        engine is closed once no call holds it.
+        engine is closed once no call holds it. Reloads asked for at the
+        same time run one after the other, in the order they were asked
+        for: the last one serves.
 
         :param vw_args: the new engine arguments
         :param timeout: how long each old engine gets to exit
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
-        plan, timeout = self._check_reload(timeout, vw_args)
-        group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
-        try:
-            with self._cond:
-                idle, old_groups = self._switch_to(group, engines, plan)
-        finally:
-            self._discard_pending()
+        with self._reload_lock:  # one at a time: the last one asked for serves
+            plan, timeout = self._check_reload(timeout, vw_args)
+            group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
+            try:
+                with self._cond:
+                    idle, old_groups = self._switch_to(group, engines, plan)
+            finally:
+                self._discard_pending()
         self._close_later(idle, timeout)
         for old in old_groups:
             old.retire(timeout)
@@ -280,6 +284,7 @@ class VowpalWabbitPool(PoolBase):
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._reload_lock = threading.Lock()
         # The parent's to stop, not ours: let go of them untouched.
         discards, self._discards = self._discards, []
         for engines, group in discards:

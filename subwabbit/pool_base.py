@@ -732,6 +732,7 @@ class PoolBase(ClientBase):
             limit = start + self.io_timeout_s
         roster = self._roster
         ticket: Optional[Ticket] = None
+        began = _clock()
         try:
             while True:
                 with self._state_lock():
@@ -767,7 +768,7 @@ class PoolBase(ClientBase):
                     roster.stop_waiting(ticket)
                     self._changed()
             if metrics is not None:
-                metrics["lock_wait_time"] = _clock() - start
+                metrics["lock_wait_time"] = _clock() - began
                 if ticket is not None:
                     metrics["waited_for_other_call"] = 1
 

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitProcess, VowpalWabbitStartupError
 from subwabbit.model_file import (HEADER_BYTES, model_file_path, saved_options,
                                   saved_options_of)
 
@@ -66,3 +67,13 @@ def test_no_options_from_a_file_that_is_not_a_model_file_or_saved_none(tmp_path)
 ])
 def test_the_model_file_is_found_in_the_arguments(args, path):
     assert model_file_path(args) == path
+
+
+def test_a_corrupt_gzipped_model_fails_to_start_with_a_startup_error(tmp_path):
+    # Found by a review: a damaged deflate stream raised zlib.error out of the
+    # model file's header read, past the constructors and reload().
+    bad = tmp_path / "bad.vw"
+    bad.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + b"\xff" * 64)
+    assert saved_options(str(bad)) is None
+    with pytest.raises(VowpalWabbitStartupError):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", str(bad), "-t", "--quiet"])

@@ -224,6 +224,19 @@ def test_a_call_that_finds_an_idle_engine_dead_returns_by_its_deadline(trained_m
         assert pool.stats()["engine_failures"] == 1
 
 
+def test_lock_wait_time_is_the_wait_for_an_engine_only(trained_model):
+    # Found by a review: it counted the formatting of the common features too.
+    class SlowCommonFeatures(DictFormatter):
+        def format_common_features(self, common_features, debug_info=None):
+            time.sleep(0.02)
+            return super().format_common_features(common_features, debug_info)
+
+    with VowpalWabbitPool(SlowCommonFeatures(), scoring_args(trained_model), size=2) as pool:
+        metrics = {}
+        pool.predict(common(1), items(10), metrics=metrics)
+    assert metrics["waited_for_other_call"] == 0 and metrics["lock_wait_time"] < 0.01, metrics
+
+
 def test_training_on_a_pool_is_refused(pool):
     with pytest.raises(VowpalWabbitError, match="write_only=True"):
         pool.train(common(1), items(2), [1, -1])

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWabbitError,
+from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess,
+                       VowpalWabbitDummyFormatter, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
@@ -219,3 +220,66 @@ def test_a_reload_reads_the_model_header_once_and_the_asyncio_classes_off_the_lo
 
     loop_thread = asyncio.run(main())
     assert len(reads) == 1 and reads[0] != loop_thread
+
+
+def _three_models(tmp_path):
+    """Three small models; the first two score the items alike, the third
+    the other way round."""
+    paths = [str(tmp_path / f"v{n}.vw") for n in (1, 2, 3)]
+    for path, sign in zip(paths, (1, 1, -1)):
+        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path],
+                                 write_only=True) as trainer:
+            for _ in range(20):
+                trainer.train("|u x", ["|i a", "|i b"], labels=[sign, -sign], weights=[None, None])
+    return paths
+
+
+def test_overlapping_reloads_of_a_thread_pool_serve_the_last_one_asked_for(tmp_path):
+    # Found by a review: reloads ran side by side, and the one whose engines
+    # started last served, though another was asked for after it.
+    v1, v2, v3 = _three_models(tmp_path)
+    parts = ["|i a", "|i b"]
+    with VowpalWabbitPool(VowpalWabbitDummyFormatter(), ["-i", v1, "-t", "--quiet"],
+                          size=1) as pool:
+        spawn = pool._spawn  # pylint: disable=protected-access
+
+        def slow_for_v2(argv, vw_args, count):
+            if v2 in vw_args:
+                time.sleep(0.5)  # a large model loading
+            return spawn(argv, vw_args, count)
+
+        pool._spawn = slow_for_v2  # pylint: disable=protected-access
+        first = threading.Thread(target=pool.reload, args=(["-i", v2, "-t", "--quiet"],))
+        first.start()
+        time.sleep(0.1)
+        pool.reload(["-i", v3, "-t", "--quiet"])  # asked for last
+        newest = pool.predict("|u x", parts)
+        first.join(30)
+        assert pool.predict("|u x", parts) == newest, pool.vw_args
+        assert v3 in pool.vw_args
+
+
+def test_overlapping_reloads_of_an_asyncio_pool_serve_the_last_one_asked_for(tmp_path):
+    v1, v2, v3 = _three_models(tmp_path)
+    parts = ["|i a", "|i b"]
+
+    async def main():
+        async with AsyncVowpalWabbitPool(VowpalWabbitDummyFormatter(),
+                                         ["-i", v1, "-t", "--quiet"], size=1) as pool:
+            spawn = pool._spawn  # pylint: disable=protected-access
+
+            async def slow_for_v2(argv, vw_args, count):
+                if v2 in vw_args:
+                    await asyncio.sleep(0.5)
+                return await spawn(argv, vw_args, count)
+
+            pool._spawn = slow_for_v2  # pylint: disable=protected-access
+            first = asyncio.ensure_future(pool.reload(["-i", v2, "-t", "--quiet"]))
+            await asyncio.sleep(0.1)
+            await pool.reload(["-i", v3, "-t", "--quiet"])
+            newest = await pool.predict("|u x", parts)
+            await first
+            return newest, await pool.predict("|u x", parts), pool.vw_args
+
+    newest, final, vw_args = asyncio.run(main())
+    assert final == newest and v3 in vw_args, vw_args

@@ -31,7 +31,9 @@ import os
 import shlex
 from typing import Any, AsyncIterator, Dict, List, Optional
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 
@@ -46,7 +48,7 @@ MAX_TIMEOUT_MS = 1_000.0
 
 # subwabbit logs an engine's failure, its replacement and a reload's trouble
 # on the "subwabbit" logger; uvicorn sets up only its own loggers.
-logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(),
                     format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -105,6 +107,27 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(lifespan=lifespan)
+
+#: The largest request body read: 20,000 items of up to 20 digits, with room.
+MAX_BODY_BYTES = 1 << 20
+
+
+@app.middleware("http")
+async def limit_body(request: Request, call_next: Any) -> Response:
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        return JSONResponse({"detail": f"the body must be at most {MAX_BODY_BYTES} bytes"},
+                            status_code=413)
+    return await call_next(request)
+
+
+@app.exception_handler(RequestValidationError)
+async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    # Not the default handler: it echoes the input (a 2 MB list back) and
+    # fails with a 500 on NaN or Infinity, which it cannot write as JSON.
+    return JSONResponse({"detail": [{"loc": list(error["loc"]), "msg": error["msg"],
+                                     "type": error["type"]} for error in exc.errors()[:10]]},
+                        status_code=422)
 
 
 @app.post("/recommend")
