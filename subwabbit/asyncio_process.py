@@ -659,11 +659,11 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         start = _clock()
         self._require_predictions("train")
-        lines = self._format_training_lines(common_features, items_features, labels, weights,
-                                            debug_info)
         metrics = self._train_metrics()
         learnt = 0
-        try:
+        try:  # the hook hears of the call however it ends, refused input included
+            lines = self._format_training_lines(common_features, items_features, labels,
+                                                weights, debug_info)
             await self._call(None, metrics)
             try:
                 assert self._channel is not None

@@ -338,8 +338,12 @@ class ClientBase:
         return check_lines(lines)
 
     def _train_metrics(self) -> Optional[Dict[str, Any]]:
-        """A metrics dict for a ``train`` call, when a hook will receive it."""
-        return None if self.metrics_hook is None else {}
+        """A metrics dict for a ``train`` call, when a hook will receive it
+        (with the keys every call has from its start, as ``predict``'s)."""
+        if self.metrics_hook is None:
+            return None
+        return {"num_lines": 0, "restarts": 0, "lock_wait_time": 0.0,
+                "waited_for_other_call": 0}
 
     def _finish_train(self, metrics: Optional[Dict[str, Any]], start: float,
                       num_lines: int) -> None:

@@ -668,12 +668,12 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         start = time.perf_counter()
         if self.audit_mode:
             raise VowpalWabbitError("train() is not available in audit mode; use explain_vw_line()")
-        self._check_usable()
-        lines = self._format_training_lines(common_features, items_features, labels, weights,
-                                            debug_info)
         metrics = self._train_metrics()
         learnt = 0
-        try:
+        try:  # the hook hears of the call however it ends, refused input included
+            self._check_usable()
+            lines = self._format_training_lines(common_features, items_features, labels,
+                                                weights, debug_info)
             with self._call(None, metrics):
                 _, channel = self._engine_or_raise()
                 if lines:

@@ -901,3 +901,35 @@ def test_engines_have_a_process_group_of_their_own_in_the_clients_session(traine
         for pid in [model._engine.pid, server] + pool.engine_pids():  # pylint: disable=protected-access
             assert os.getpgid(pid) != os.getpgid(0)
             assert os.getsid(pid) == os.getsid(0)
+
+
+TRAIN_METRICS = {"num_lines", "total_time", "lock_wait_time", "restarts", "method"}
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_train_metrics_reach_the_hook_however_the_call_ended(cls):
+    # Found by a review: a train() whose input was refused never reached the
+    # hook, and no train() call had the restarts key the docs list.
+    seen = []
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"], metrics_hook=seen.append) as model:
+        model.train("|u a", ["|i b"], labels=[1], weights=[None])
+        with pytest.raises(ValueError):
+            model.train("|u a", ["|i b\n1 |i c"], labels=[1], weights=[None])  # a bad example
+    assert len(seen) == 2, seen
+    assert all(TRAIN_METRICS <= set(metrics) for metrics in seen), seen
+    assert seen[1]["num_lines"] == 0
+
+
+def test_async_train_metrics_reach_the_hook_however_the_call_ended():
+    seen = []
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"],
+                                            metrics_hook=seen.append) as model:
+            await model.train("|u a", ["|i b"], labels=[1], weights=[None])
+            with pytest.raises(ValueError):
+                await model.train("|u a", ["|i b"], labels=[1, 1])  # lengths differ
+
+    asyncio.run(main())
+    assert len(seen) == 2, seen
+    assert all(TRAIN_METRICS <= set(metrics) for metrics in seen), seen
