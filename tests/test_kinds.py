@@ -4,11 +4,13 @@ subwabbit/core/kinds.py), which labels it takes, and the exploration helper.
 The same kinds against the real engine are in test_model_kinds.py."""
 
 import random
+import subprocess
 
 import numpy
 import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitProcess, sample_item
+from subwabbit.command import default_engine_command
 from subwabbit.core.kinds import KINDS, choose_kind
 from subwabbit.errors import VowpalWabbitProtocolError
 
@@ -135,6 +137,8 @@ def test_the_plt_class_default_gives_label_strings_unless_told_otherwise():
     (["--top", "2"], "--top"),
     (["--lda", "2"], "--lda"),
     (["--cats", "4"], "--cats"),
+    (["--memory_tree", "3"], "--memory_tree"),
+    (["--cs_active", "3"], "--cs_active"),
     (["--multilabel_oaa", "3", "--probabilities"], "--probabilities with --multilabel_oaa"),
     (["--csoaa", "3", "--probabilities"], "--probabilities with --csoaa"),
 ])
@@ -143,6 +147,37 @@ def test_unservable_reductions_are_refused_naming_the_argument(args, named):
         choose_kind(args)
     with pytest.raises(ValueError, match=f"vw_args contains {named}"):
         VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args + ["--quiet"])
+
+
+def test_a_model_file_of_an_unservable_reduction_is_refused(tmp_path):
+    # Found by a review: a --memory_tree model (vw prints class numbers) was
+    # served as a scalar model, and a scalar process reloaded to one.
+    data = tmp_path / "train.txt"
+    data.write_text("".join(f"{c} |a f{c}\n" for _ in range(20) for c in (1, 2, 3)))
+    model = str(tmp_path / "mt.vw")
+    subprocess.run(default_engine_command() + ["--memory_tree", "3", "--quiet", "-d", str(data),
+                                               "-f", model], check=True, timeout=120)
+    with pytest.raises(ValueError, match="--memory_tree"):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", model, "-t", "--quiet"])
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as scalar:
+        with pytest.raises(ValueError, match="--memory_tree"):
+            scalar.reload(["-i", model, "-t", "--quiet"])
+        assert scalar.predict("", ["|a f1"]) is not None  # the old model goes on serving
+
+
+@pytest.mark.parametrize("args, label, weight", [
+    (["--quiet"], 1e39, None), (["--quiet"], 10 ** 40, None), (["--quiet"], 1, 1e39),
+    (["--cb", "2", "--quiet"], (1, 1e39, 0.5), None), (["--oaa", "2", "--quiet"], 1, 1e39),
+])
+def test_a_number_vw_reads_as_infinite_is_refused_before_sending(args, label, weight):
+    # Found by a review: vw reads labels, costs and weights as 32-bit
+    # floats, and a larger magnitude as an infinity (one such example made
+    # a --cb_adf model answer nan for ever).
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args, write_only=True) as model:
+        with pytest.raises(ValueError, match="32-bit"):
+            model.train("|u a", ["|a x"], [label], weights=[weight])
+        if args == ["--quiet"]:
+            model.train("|u a", ["|a x"], [3e38], weights=[3e38])  # the largest pass
 
 
 def test_audit_mode_serves_scalar_models_only():

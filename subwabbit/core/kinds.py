@@ -78,6 +78,8 @@ UNSERVABLE: Dict[str, str] = {
     "--cats_pdf": "continuous actions answer a density",
     "--cats_tree": "continuous actions are not served",
     "--cb_continuous": "continuous actions are not served",
+    "--memory_tree": "its class predictions are not served yet",
+    "--cs_active": "active cost-sensitive predictions are not served",
     "--cbzo": "continuous actions are not served",
     "--sample_pdf": "continuous actions are not served",
     "--get_pmf": "continuous actions are not served",
@@ -105,21 +107,30 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+#: The largest magnitude vw reads as a finite number: it reads labels, costs
+#: and weights as 32-bit floats, and a larger one as an infinity (one cost of
+#: 1e39 made a --cb_adf model answer nan for ever; found by a review).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_number(value: Any, what: str) -> None:
-    """Check a label part or weight: a finite real number.
+    """Check a label part or weight: a real number that vw reads as finite.
 
     :raises TypeError: for something that is not a number (``bool`` included)
-    :raises ValueError: for NaN or an infinity
+    :raises ValueError: for NaN, an infinity, or a magnitude over
+        :data:`FLOAT32_MAX`
     """
     kind = type(value)
-    if kind is int:
-        return
-    if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
-        return
+    if (kind is int or kind is float) and -FLOAT32_MAX <= value <= FLOAT32_MAX:
+        return  # (NaN fails both comparisons)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{what} must be finite, got {value!r}")
+    if abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{what} must be at most {FLOAT32_MAX:g} in magnitude (vw reads it "
+                         f"as a 32-bit float, and reads a larger one as an infinity), "
+                         f"got {value!r}")
 
 
 def check_scalar_label(label: Any, index: int) -> None:
@@ -262,8 +273,8 @@ class PredictionKind:
         """
         for index, label in enumerate(labels):
             kind = type(label)
-            # Plain ints and finite floats pass without a call (inf - inf is nan).
-            if kind is not int and not (kind is float and label - label == 0.0):
+            # Plain ints and floats that vw reads as finite pass without a call.
+            if not ((kind is int or kind is float) and -FLOAT32_MAX <= label <= FLOAT32_MAX):
                 check_scalar_label(label, index)
         return labels
 
