@@ -166,7 +166,8 @@ def test_a_model_file_of_an_unservable_reduction_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("args, label, weight", [
-    (["--quiet"], 1e39, None), (["--quiet"], 10 ** 40, None), (["--quiet"], 1, 1e39),
+    (["--quiet"], 1e39, None), (["--quiet"], 10 ** 40, None), (["--quiet"], -10 ** 400, None),
+    (["--quiet"], 1, 1e39),
     (["--cb", "2", "--quiet"], (1, 1e39, 0.5), None), (["--oaa", "2", "--quiet"], 1, 1e39),
 ])
 def test_a_number_vw_reads_as_infinite_is_refused_before_sending(args, label, weight):

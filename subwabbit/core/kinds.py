@@ -125,9 +125,13 @@ def check_number(value: Any, what: str) -> None:
         return  # (NaN fails both comparisons)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number, got {value!r}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = FLOAT32_MAX * 2
+    if not math.isfinite(number):
         raise ValueError(f"{what} must be finite, got {value!r}")
-    if abs(value) > FLOAT32_MAX:
+    if abs(number) > FLOAT32_MAX:
         raise ValueError(f"{what} must be at most {FLOAT32_MAX:g} in magnitude (vw reads it "
                          f"as a 32-bit float, and reads a larger one as an infinity), "
                          f"got {value!r}")
