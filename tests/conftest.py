@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -252,12 +253,18 @@ class Client:
             self.loop = asyncio.new_event_loop()
 
 
-def in_child(body):
-    """Run ``body()`` in a forked child; return what it printed as JSON (or its error)."""
+def in_child(body, limit_s=None):
+    """Run ``body()`` in a forked child; return what it printed as JSON (or its error).
+
+    :param limit_s: whole seconds after which the child is ended (SIGALRM),
+        so that a hang fails the test instead of stopping it
+    """
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
         os.close(read_end)
+        if limit_s is not None:
+            signal.alarm(limit_s)
         try:
             result = {"ok": body()}
         except BaseException as exc:  # pylint: disable=broad-except

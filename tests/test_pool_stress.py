@@ -8,7 +8,6 @@ cores with reloads, kills and forks; other tests check deadlines closely),
 and nothing may hang."""
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -19,15 +18,46 @@ import pytest
 
 from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitPool
 
-from conftest import DictFormatter, common, items, scoring_args
+from conftest import DictFormatter, common, in_child, items, scoring_args
+
+
+def _random_call(rng):
+    """A random request: the user, how many items, the timeout."""
+    return (rng.randrange(6), rng.choice([1, 30, 250, 1000, 3000]),
+            rng.choice([None, 0.002, 0.010, 0.050]))
+
+
+def _check_call(got, metrics, user, size, timeout, took, models, errors, served):
+    """Record in ``errors`` what is wrong with a call's predictions: late,
+    not those of the model that served it, short without a deadline."""
+    if timeout is not None and took > timeout + 1.0:
+        errors.append(("late", timeout, took, size))
+    generation = metrics["model_generation"]
+    if generation is None:
+        if got:
+            errors.append(("predictions without a generation", len(got)))
+        return
+    model = models[generation % 2]
+    if got != model[user][:len(got)]:
+        errors.append(("wrong or mixed", user, generation, len(got), size))
+    elif timeout is None and len(got) != size:
+        errors.append(("short without deadline", len(got), size))
+    served.append(generation)
+
+
+def _kill_one_engine(pool, rng):
+    pids = pool.engine_pids()
+    if pids:
+        try:
+            os.kill(rng.choice(pids), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _worker(pool, models, stop, errors, served, seed):
     rng = random.Random(seed)
     while not stop.is_set():
-        user = rng.randrange(6)
-        size = rng.choice([1, 30, 250, 1000, 3000])
-        timeout = rng.choice([None, 0.002, 0.010, 0.050])
+        user, size, timeout = _random_call(rng)
         metrics = {}
         began = time.perf_counter()
         try:
@@ -39,20 +69,8 @@ def _worker(pool, models, stop, errors, served, seed):
                 continue  # documented: old-model engines died after a reload
             errors.append(("raised", repr(exc)))
             continue
-        took = time.perf_counter() - began
-        if timeout is not None and took > timeout + 1.0:
-            errors.append(("late", timeout, took, size))
-        generation = metrics["model_generation"]
-        if generation is None:
-            if got:
-                errors.append(("predictions without a generation", len(got)))
-            continue
-        model = models[generation % 2]
-        if got != model[user][:len(got)]:
-            errors.append(("wrong or mixed", user, generation, len(got), size))
-        elif timeout is None and len(got) != size:
-            errors.append(("short without deadline", len(got), size))
-        served.append(generation)
+        _check_call(got, metrics, user, size, timeout, time.perf_counter() - began, models,
+                    errors, served)
 
 
 @pytest.mark.parametrize("round_", range(2))
@@ -74,12 +92,7 @@ def test_threads_reloads_and_kills(trained_model, second_model, truth, round_):
             if action == "reload":
                 pool.reload(args[(pool.generation + 1) % 2])
             elif action == "kill":
-                pids = pool.engine_pids()
-                if pids:
-                    try:
-                        os.kill(rng.choice(pids), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                _kill_one_engine(pool, rng)
         time.sleep(0.5)
     finally:
         stop.set()
@@ -93,33 +106,6 @@ def test_threads_reloads_and_kills(trained_model, second_model, truth, round_):
     assert closing < 3.5
     assert errors == [], errors[:10]
     assert served
-
-
-def _in_child_with_timeout(body, limit_s=30.0):
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        signal.alarm(int(limit_s))
-        try:
-            result = {"ok": body()}
-        except BaseException as exc:  # pylint: disable=broad-except
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        os.write(write_end, json.dumps(result).encode())
-        os.close(write_end)
-        os._exit(0)
-    os.close(write_end)
-    chunks = []
-    while True:
-        chunk = os.read(read_end, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-        return {"error": f"child status {status}"}
-    return json.loads(b"".join(chunks))
 
 
 @pytest.mark.parametrize("round_", range(2))
@@ -174,7 +160,7 @@ def test_fork_while_threads_call_and_reload(trained_model, second_model, truth, 
                     found.append("child close late")
                 return {"errors": cerr[:5] + found, "served": len(cserved), "gen": gen0}
 
-            children.append(_in_child_with_timeout(body))
+            children.append(in_child(body, limit_s=30))
         time.sleep(0.2)
     finally:
         stop.set()
@@ -188,9 +174,7 @@ def test_fork_while_threads_call_and_reload(trained_model, second_model, truth, 
 
 
 async def _checked_call(pool, models, rng, errors, served):
-    user = rng.randrange(6)
-    size = rng.choice([1, 30, 250, 1000, 3000])
-    timeout = rng.choice([None, 0.002, 0.010, 0.050])
+    user, size, timeout = _random_call(rng)
     metrics = {}
     began = time.perf_counter()
     try:
@@ -200,20 +184,8 @@ async def _checked_call(pool, models, rng, errors, served):
             errors.append(("raised", repr(exc), size, time.perf_counter() - began, repr(pool),
                            pool.stats()))
         return
-    took = time.perf_counter() - began
-    if timeout is not None and took > timeout + 1.0:
-        errors.append(("late", timeout, took, size))
-    generation = metrics["model_generation"]
-    if generation is None:
-        if got:
-            errors.append(("predictions without a generation", len(got)))
-        return
-    model = models[generation % 2]
-    if got != model[user][:len(got)]:
-        errors.append(("wrong or mixed", user, generation, len(got), size))
-    elif timeout is None and len(got) != size:
-        errors.append(("short without deadline", len(got), size))
-    served.append(generation)
+    _check_call(got, metrics, user, size, timeout, time.perf_counter() - began, models,
+                errors, served)
 
 
 @pytest.mark.parametrize("round_", range(2))
@@ -273,12 +245,7 @@ def test_cancellations_reloads_and_kills(trained_model, second_model, truth, rou
                 if action == "reload":
                     await pool.reload(args[(pool.generation + 1) % 2])
                 elif action == "kill":
-                    pids = pool.engine_pids()
-                    if pids:
-                        try:
-                            os.kill(rng.choice(pids), signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
+                    _kill_one_engine(pool, rng)
             await asyncio.sleep(0.5)
             stop = True
             done, pending = await asyncio.wait(tasks, timeout=20)
