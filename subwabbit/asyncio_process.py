@@ -637,6 +637,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock)
             predictions = await self._run(exchange, detailed_metrics)
             return predictions
+        except ENGINE_FAILURES:
+            self._count_failure(metrics)
+            raise
         finally:
             self._finish_predict_metrics(metrics, exchange, start, self.pending_lines, True)
             if exchange is not None:
@@ -674,6 +677,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 self._turn.release()
             # a multi-line example's lines are its shared line and one per item
             learnt = len(lines) - 1 if self.prediction_kind.multi_line and lines else len(lines)
+        except ENGINE_FAILURES:
+            self._count_failure(metrics)
+            raise
         finally:
             self._finish_train(metrics, start, learnt)
 

@@ -230,6 +230,7 @@ class ClientBase:
         if metrics is not None:
             metrics["num_lines"] = 0
             metrics["restarts"] = 0
+            metrics["engine_failures"] = 0
             metrics["lock_wait_time"] = 0.0
             metrics["waited_for_other_call"] = 0
         if detailed is not None:
@@ -342,8 +343,14 @@ class ClientBase:
         (with the keys every call has from its start, as ``predict``'s)."""
         if self.metrics_hook is None:
             return None
-        return {"num_lines": 0, "restarts": 0, "lock_wait_time": 0.0,
+        return {"num_lines": 0, "restarts": 0, "engine_failures": 0, "lock_wait_time": 0.0,
                 "waited_for_other_call": 0}
+
+    @staticmethod
+    def _count_failure(metrics: Optional[Dict[str, Any]]) -> None:
+        """Note in a call's metrics that its engine failed during it."""
+        if metrics is not None:
+            metrics["engine_failures"] = 1
 
     def _finish_train(self, metrics: Optional[Dict[str, Any]], start: float,
                       num_lines: int) -> None:

@@ -648,6 +648,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 for prediction in predictions:
                     yielded += 1  # counted before the caller can stop at this yield
                     yield prediction
+        except ENGINE_FAILURES:
+            self._count_failure(metrics)
+            raise
         finally:
             self._finish_predict_metrics(metrics, exchange, start, self.pending_lines,
                                          pacing.hard_deadline)
@@ -681,6 +684,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                                            self.io_timeout_s))
             # a multi-line example's lines are its shared line and one per item
             learnt = len(lines) - 1 if self.prediction_kind.multi_line and lines else len(lines)
+        except ENGINE_FAILURES:
+            self._count_failure(metrics)
+            raise
         finally:
             self._finish_train(metrics, start, learnt)
 

@@ -72,8 +72,15 @@ class _PoolCollector(Collector):
         self._pool = pool
         self._prefix = prefix
 
+    def describe(self) -> Iterator[Any]:
+        """The families :meth:`collect` yields, so that the registry refuses a
+        second collector with the same names instead of exporting both."""
+        return self._families({name: 0 for name in _POOL_STATS})
+
     def collect(self) -> Iterator[Any]:
-        stats = self._pool.stats()
+        return self._families(self._pool.stats())
+
+    def _families(self, stats: Dict[str, Any]) -> Iterator[Any]:
         prefix = self._prefix
         for name, help_text in (("engines", "Engines serving the current model"),
                                 ("engines_busy", "Engines held by a call"),
@@ -86,12 +93,22 @@ class _PoolCollector(Collector):
             yield CounterMetricFamily(f"{prefix}_pool_{name}", help_text, value=stats[name])
 
 
+_POOL_STATS = ("engines", "engines_busy", "generation", "engine_failures", "engines_replaced",
+               "reloads", "waited_for_engine")
+
+
 def register_pool(pool: Any, registry: Optional[CollectorRegistry] = None,
                   prefix: str = "subwabbit") -> None:
     """Export ``pool.stats()`` (a :class:`~subwabbit.pool.VowpalWabbitPool` or
     :class:`~subwabbit.asyncio_pool.AsyncVowpalWabbitPool`) at every scrape.
 
+    One pool per registry and prefix: the series carry no label naming the
+    pool, so registering a second pool with the same prefix in the same
+    registry raises ``ValueError`` (give it another ``prefix``) rather than
+    exporting two series of one name that a scrape could not tell apart.
+
     :param registry: where to register (default: prometheus_client's global registry)
     :param prefix: the metric names' prefix
+    :raises ValueError: when ``registry`` already has these names
     """
     (REGISTRY if registry is None else registry).register(_PoolCollector(pool, prefix))
