@@ -711,7 +711,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             done = False
             try:
                 exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
-                                         self.io_timeout_s, control=save.command)
+                                         self.io_timeout_s, control=self._save_command(save))
                 await self._run(exchange)
                 if exchange.timed_out:
                     error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")

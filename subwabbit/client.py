@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .base import VowpalWabbitBaseFormatter, example_joiner
 from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
@@ -25,8 +25,9 @@ from .engine.program import option_name
 from .core.channel import Channel
 from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
-                         refuse_in_audit_mode)
+                         learns_by_line_count, refuse_in_audit_mode)
 from .model_file import saved_options_of
+from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
 from .errors import VowpalWabbitError
 from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
@@ -68,6 +69,9 @@ class ReloadPlan(NamedTuple):
     kind: PredictionKind
     #: the new engines' command line
     argv: List[str]
+    #: whether the model learns by the parity of the lines it reads
+    #: (:func:`~subwabbit.core.kinds.learns_by_line_count`)
+    counts_lines: bool
 
 
 class ClientBase:
@@ -112,7 +116,8 @@ class ClientBase:
         self.prediction_type = prediction_type
         #: the kind of model served: how its examples are laid out, what
         #: ``predict`` gives and what ``train`` takes (:mod:`subwabbit.core.kinds`)
-        self.prediction_kind: PredictionKind = self._kind_for(self.vw_args, audit_mode)
+        self.prediction_kind: PredictionKind
+        self.prediction_kind, self._counts_lines = self._kind_for(self.vw_args, audit_mode)
         self.batch_size = batch_size
         self.write_only = bool(write_only)
         self.audit_mode = bool(audit_mode)
@@ -151,20 +156,21 @@ class ClientBase:
             <subwabbit.core.kinds.PredictionKind.serves_like>`)
         """
         normalized = normalize_vw_args(vw_args)
-        kind = self._kind_for(normalized, self.audit_mode)
+        kind, counts_lines = self._kind_for(normalized, self.audit_mode)
         if not kind.serves_like(self.prediction_kind):
             raise ValueError(f"reload() cannot change the kind of model or its classes: this "
                              f"object serves {self.prediction_kind.summary()} and the new "
                              f"arguments make {kind.summary()}; create a new object")
         argv = build_argv(self.vw_command, kind.engine_args(normalized),
                           predictions=not self.write_only, audit=self.audit_mode)
-        return ReloadPlan(normalized, kind, argv)
+        return ReloadPlan(normalized, kind, argv, counts_lines)
 
     def _reloaded(self, plan: ReloadPlan) -> None:
         """Remember what the engine a reload switched to serves."""
         self.vw_args = plan.vw_args
         self.prediction_kind = plan.kind
         self.argv = plan.argv
+        self._counts_lines = plan.counts_lines
         self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
                                        for token in self.vw_args)
 
@@ -178,13 +184,14 @@ class ClientBase:
 
     # --------------------------------------------------------------- kind
 
-    def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> PredictionKind:
+    def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> Tuple[PredictionKind, bool]:
         """The kind of model that ``vw_args`` (normalised), the options saved
         in the model file they load (:mod:`subwabbit.model_file`) and this
         object's ``prediction_type`` describe; the engine's command line follows from
         it (:meth:`PredictionKind.engine_args
         <subwabbit.core.kinds.PredictionKind.engine_args>`), and so do the
-        answer lines per example.
+        answer lines per example. Also whether the model learns by the parity
+        of the lines it reads (:func:`~subwabbit.core.kinds.learns_by_line_count`).
 
         :raises ValueError: for a reduction that cannot be served, a
             ``prediction_type`` that contradicts ``vw_args``, or audit mode
@@ -198,7 +205,15 @@ class ClientBase:
                              f"a {kind.name!r} model ({kind.origin})")
         if audit_mode:
             refuse_in_audit_mode(list(vw_args) + saved)
-        return kind
+        return kind, learns_by_line_count(list(vw_args) + saved)
+
+    def _save_command(self, save: ModelSave) -> List[bytes]:
+        """The control lines that make the engine save: the save command,
+        and for a model that learns by the parity of the lines it reads, an
+        empty line, so that the save leaves that parity as it was (with
+        ``--lrq`` one save in a stream of training lines changed every later
+        update; found by a review). A save's probe is two lines."""
+        return [save.command, b"\n"] if self._counts_lines else [save.command]
 
     # ------------------------------------------------------------ channel
 

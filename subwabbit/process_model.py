@@ -722,7 +722,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             done = False
             try:
                 exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
-                                         self.io_timeout_s, control=save.command,
+                                         self.io_timeout_s, control=self._save_command(save),
                                          probe=not self.write_only)
                 self._run(exchange)
                 if exchange.timed_out:

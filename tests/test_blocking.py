@@ -271,6 +271,55 @@ def test_write_only_train_and_save(formatter, tmp_path):
             == expected_scalars(probe, ["-i", str(reference), "-t"], tmp_path))
 
 
+@pytest.mark.parametrize("write_only", [True, False])
+@pytest.mark.parametrize("reduction", ["--lrq", "--lrqfa"])
+def test_a_save_between_trainings_leaves_what_lrq_learns_as_it_was(reduction, write_only,
+                                                                   tmp_path):
+    # lrq learns by the parity of the lines vw reads, and a save added one
+    # (the save command; a save's probe is two): every later update changed,
+    # and the model differed from the engine's trained on the same lines
+    # (found by a review).
+    args = ["--quiet", reduction, "ab2"]
+    parts = [f"|b y{index % 5} z{index % 7}" for index in range(40)]
+    labels = [1 if index % 3 else -1 for index in range(40)]
+    final = tmp_path / "final.vw"
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args + ["-f", str(final)],
+                             write_only=write_only) as trainer:
+        trainer.train("|a x", parts[:19], labels[:19], [None] * 19)
+        trainer.save(str(tmp_path / "middle.vw"))
+        trainer.train("|a x", parts[19:], labels[19:], [None] * 21)
+    reference = tmp_path / "reference.vw"
+    expected_scalars([f"{label} |a x {part}" for part, label in zip(parts, labels)],
+                     args + ["-f", str(reference)], tmp_path)
+    probe = [f"|a x {part}" for part in parts[:8]]
+    assert (expected_scalars(probe, ["-i", str(final), "-t", "--quiet"], tmp_path)
+            == expected_scalars(probe, ["-i", str(reference), "-t", "--quiet"], tmp_path))
+    middle = expected_scalars(probe, ["-i", str(tmp_path / "middle.vw"), "-t", "--quiet"],
+                              tmp_path)
+    assert middle != expected_scalars(probe, ["-i", str(final), "-t", "--quiet"], tmp_path)
+
+
+def test_lrq_saved_in_the_model_file_counts_too(tmp_path):
+    # The reduction may come from the model file (-i) rather than the arguments.
+    parts = [f"|b y{index % 5} z{index % 7}" for index in range(30)]
+    labels = [1 if index % 3 else -1 for index in range(30)]
+    lines = [f"{label} |a x {part}" for part, label in zip(parts, labels)]
+    first = tmp_path / "first.vw"
+    expected_scalars(lines[:10], ["--quiet", "--lrq", "ab2", "-f", str(first)], tmp_path)
+    final = tmp_path / "final.vw"
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                             ["--quiet", "-i", str(first), "-f", str(final)],
+                             write_only=True) as trainer:
+        trainer.train("|a x", parts[10:19], labels[10:19], [None] * 9)
+        trainer.save(str(tmp_path / "middle.vw"))
+        trainer.train("|a x", parts[19:], labels[19:], [None] * 11)
+    reference = tmp_path / "reference.vw"
+    expected_scalars(lines[10:], ["--quiet", "-i", str(first), "-f", str(reference)], tmp_path)
+    probe = [f"|a x {part}" for part in parts[:8]]
+    assert (expected_scalars(probe, ["-i", str(final), "-t", "--quiet"], tmp_path)
+            == expected_scalars(probe, ["-i", str(reference), "-t", "--quiet"], tmp_path))
+
+
 def test_train_then_predict_on_one_process_matches_engine(formatter, tmp_path):
     args = ["--loss_function", "logistic", "-q", "ui", "--quiet"]
     train_lines = format_lines(formatter, COMMON, items(30), [1, -1, -1] * 10)

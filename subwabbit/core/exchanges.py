@@ -20,7 +20,7 @@ without a hard deadline). The driver never decides when a call is over.
 
 import itertools
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
-                    Sequence)
+                    Sequence, Union)
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
@@ -519,7 +519,8 @@ class ProbeExchange(Exchange):
     """Send probe examples (after an optional control line, such as a
     save command) and wait for their answers.
 
-    :param control: a control line to send before the probe, or ``None``
+    :param control: a control line to send before the probe (or several,
+        in a sequence), or ``None``
     :param deadline: give up at this time (hard)
     :param probe: whether to send a probe at all (a write-only engine answers none)
     :param probes: how many probes to send (start-up sends two, so that an
@@ -533,19 +534,20 @@ class ProbeExchange(Exchange):
     doing = "waiting for the answer to a probe"
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
-                 idle_s: Optional[float], control: Optional[bytes] = None,
+                 idle_s: Optional[float],
+                 control: Union[None, bytes, Sequence[bytes]] = None,
                  probe: bool = True, probes: int = 1,
                  check: Optional[Callable[[List[bytes]], None]] = None) -> None:
         super().__init__(channel, call, deadline, idle_s, hard_deadline=True)
-        self._control = control
+        self._control = [control] if isinstance(control, bytes) else list(control or ())
         self._probes = probes if probe else 0
         self._check = check
         self._queued = False
 
     def _advance(self, now: float) -> List[Any]:
         if not self._queued:
-            if self._control is not None:
-                self.call.queue_control(self._control)
+            for line in self._control:
+                self.call.queue_control(line)
             for _ in range(self._probes):
                 self.call.queue_probe()
             self._queued = True

@@ -827,6 +827,19 @@ def refuse_unservable(vw_args: Sequence[str], source: str = "vw_args contains") 
                              "ignores it, refuses it, or prints a second line per example)")
 
 
+#: Reductions that learn by the parity of a running count of the lines the
+#: engine reads, empty lines and save commands included (vw hands each line
+#: an example from its pool): a control line the caller did not write must
+#: not change that parity (:func:`learns_by_line_count`).
+LINE_COUNTING = ("--lrq", "--lrqfa")
+
+
+def learns_by_line_count(options: Sequence[str]) -> bool:
+    """Whether the engine options (arguments and the model file's saved
+    options) include a reduction of :data:`LINE_COUNTING`."""
+    return any(option_name(token) in LINE_COUNTING for token in options)
+
+
 #: Reductions that call the learner under them more than once per example:
 #: in audit mode vw then prints more than the three lines per example that
 #: audit mode reads, depending on the example (a labelled one, a tree's path).
