@@ -30,8 +30,8 @@ from .model_file import saved_options_of
 from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
 from .errors import VowpalWabbitError
-from .lines import (CheckedLines, breaks_no_line, check_lines, common_part_holds_the_header,
-                    encode_example)
+from .lines import (CheckedLines, breaks_no_line, check_labelled_lines, check_lines,
+                    common_part_holds_the_header, encode_example)
 
 logger = logging.getLogger("subwabbit")
 
@@ -345,13 +345,16 @@ class ClientBase:
             # print as str() prints them, as get_formatted_example does).
             middle = f" {common} "
             lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
-            if common_part_holds_the_header(common) and breaks_no_line(flat):
+            if (common_part_holds_the_header(common) and breaks_no_line(flat)
+                    and "\t" not in common.split("|", 1)[0]):
                 return lines
         else:
             join = join or partial(VowpalWabbitBaseFormatter.get_formatted_example, formatter)
             lines = [join(common, part, label=label, weight=weight, debug_info=debug_info)
                      for part, label, weight in zip(parts, labels, weights)]
-        return check_lines(lines)
+        checked = check_lines(lines)
+        check_labelled_lines(checked)
+        return checked
 
     def _train_metrics(self) -> Optional[Dict[str, Any]]:
         """A metrics dict for a ``train`` call, when a hook will receive it

@@ -9,6 +9,12 @@ engine's save command, which answers nothing).
 A multi-line example (``--cb_adf``, ``--cb_explore_adf``) is answered once,
 after the empty line that ends it, so none of its lines may be one that vw
 reads as that end (:func:`encode_example`).
+
+vw drops everything before a tab in a line's header (the text before its
+first ``|``): a labelled line and every line of a multi-line example must
+have nothing but spaces before such a tab, or the label (or ``shared``) is
+lost without a word
+(:func:`check_header_without_tab`).
 """
 
 import re
@@ -63,6 +69,32 @@ def header_tokens(line: str) -> List[str]:
     if header.startswith(_BOM):
         header = header[1:]
     return _vw_tokens(header)
+
+
+def check_header_without_tab(line: str, what: str) -> None:
+    """Check that vw reads the whole header of ``line``: it drops everything
+    up to a tab before the first ``|``, so a tab there after a label (an
+    example then trains nothing) or the word ``shared`` (the shared line of
+    a multi-line example becomes an item) would drop it. Nothing but spaces
+    before such a tab is fine.
+
+    :param line: a line already checked by :func:`check_line` (or a line of
+        a multi-line example)
+    :param what: how to name it in the error message
+    :raises ValueError: for a tab before the first ``|`` after anything but spaces
+    """
+    header = line.split("|", 1)[0] if "\t" in line else ""
+    if "\t" in header and header.split("\t", 1)[0].strip(" " + _BOM):
+        raise ValueError(f"{what} has a tab before its first '|', and vw drops everything "
+                         f"before such a tab (here {header.split(chr(9), 1)[0].strip()!r}): "
+                         f"{line!r}")
+
+
+def check_labelled_lines(lines: Sequence[str]) -> None:
+    """:func:`check_header_without_tab` for lines of training examples."""
+    if any("\t" in line for line in lines):
+        for index, line in enumerate(lines):
+            check_header_without_tab(line, f"training example #{index}")
 
 
 def _check_text(line: str, what: str, split: str, empty: str, instead: str) -> None:
@@ -226,6 +258,7 @@ def check_example_line(line: str, what: str, item: bool = True) -> None:
     _check_text(line, what, "split the multi-line example",
                 "vw reads an empty line as the end of a multi-line example",
                 "a line of the example")
+    check_header_without_tab(line, what)
     if item and "shared" in line:
         header = header_tokens(line)
         if header and header[0] == "shared":
@@ -252,7 +285,7 @@ def encode_example(lines: Sequence[str]) -> bytes:
     except TypeError:
         flat = items_flat = ""
     if (not items_flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat
-            or _BOM in flat or "shared" in items_flat):
+            or _BOM in flat or "shared" in items_flat or "\t" in flat):
         for index, line in enumerate(lines):
             if index < shared_lines:
                 check_example_line(line, "the shared line", item=False)

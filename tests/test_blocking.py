@@ -483,3 +483,32 @@ def test_max_lateness_bounds_a_call_on_a_stalled_engine_and_the_next_call_is_exa
         assert list(process.predict(COMMON, items(40))) == expected
     with pytest.raises(ValueError):
         VowpalWabbitProcess(formatter, ["--quiet"], max_lateness_s=-1)
+
+
+@pytest.mark.parametrize("args", [["--quiet"], ["--oaa", "3", "--quiet"]])
+@pytest.mark.parametrize("common", ["\t|u a", "x\t|u a"])
+def test_a_tab_that_would_drop_the_label_is_refused_before_sending(args, common):
+    # vw drops everything before a tab in the header: "2 \t|u a |i b" trained
+    # nothing, without a word (found by a review).
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args) as process:
+        before = list(process.predict("|u a", ["|i b"]))
+        with pytest.raises(ValueError, match="tab before its first '|'"):
+            process.train(common, ["|i b"], [2])
+        assert list(process.predict(common, ["|i b"])) == before  # predict loses only a tag
+        assert list(process.predict("|u a", ["|i b"])) == before
+        process.train("|u\ta", ["|i b"] * 5, [2] * 5)  # a tab after the '|' separates features
+        assert list(process.predict("|u a", ["|i b"])) != before
+
+
+def test_a_tab_that_would_drop_shared_is_refused_and_a_leading_tab_is_fine():
+    # "shared \t|u a" became an item line: the engine answered one action too
+    # many, and the client failed on the protocol error.
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--cb_explore_adf", "--quiet"]) \
+            as process:
+        process.train("|u a", ["|i b", "|i c"], [(1.0, 0.5), None])
+        before = list(process.predict("|u a", ["|i b", "|i c"]))
+        for common, items in [("x\t|u a", ["|i b", "|i c"]), ("\t|u a", ["|i b", "|i c"]),
+                              ("|u a", ["|i b", "0:1:0.5\t|i c"])]:
+            with pytest.raises(ValueError, match="tab before its first '|'"):
+                process.predict(common, items).__next__()
+        assert list(process.predict("|u a", ["\t|i b", "|i c"])) == before

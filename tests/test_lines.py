@@ -3,8 +3,8 @@
 import pytest
 
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError
-from subwabbit.lines import (check_line, check_line_part, encode_lines, parse_labels, parse_scalar,
-                             parse_scalars)
+from subwabbit.lines import (check_header_without_tab, check_line, check_line_part, encode_lines,
+                             parse_labels, parse_scalar, parse_scalars)
 
 # ------------------------------------------------------------------ check_line_part
 
@@ -271,6 +271,8 @@ def _reference_training_lines(common, parts, labels):
              for part, label in zip(parts, labels)]
     for index, line in enumerate(lines):
         check_line(line, index)
+    for index, line in enumerate(lines):  # then no label lost to a tab
+        check_header_without_tab(line, f"training example #{index}")
     return lines
 
 
@@ -342,3 +344,19 @@ def test_prefixed_lines_stand_for_the_lines_they_join():
     with pytest.raises(IndexError):
         lines[3]  # pylint: disable=pointless-statement
 
+
+
+@pytest.mark.parametrize("line", ["1 \t|u a |i b", "1 x\t|u a", "shared \t|u a", "0:1:0.5\t|i c",
+                                  "1 |u a\t", "\ufeff1\t|a x"])
+def test_a_tab_in_the_header_after_anything_but_spaces_is_refused(line):
+    # vw drops everything before a tab in the header: the label or 'shared'.
+    if line == "1 |u a\t":  # after the first '|': not in the header
+        check_header_without_tab(line, "the line")
+        return
+    with pytest.raises(ValueError, match="tab before its first"):
+        check_header_without_tab(line, "the line")
+
+
+@pytest.mark.parametrize("line", ["\t|u a", "  \t|u a", "|u\ta", "\ufeff\t|a x", "1 |u a"])
+def test_a_tab_with_nothing_but_spaces_before_it_drops_nothing(line):
+    check_header_without_tab(line, "the line")
