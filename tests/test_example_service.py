@@ -229,10 +229,16 @@ def _serve_example(tmp_path):
             time.sleep(0.1)
 
 
-def _post_raw(port, raw):
+def _post_raw(port, raw, chunked=False):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        connection.request("POST", "/recommend", raw, {"Content-Type": "application/json"})
+        if chunked:  # no Content-Length: the body comes in chunks of 64 KiB
+            body = raw.encode()
+            connection.request("POST", "/recommend",
+                               (body[at:at + 65536] for at in range(0, len(body), 65536)),
+                               {"Content-Type": "application/json"}, encode_chunked=True)
+        else:
+            connection.request("POST", "/recommend", raw, {"Content-Type": "application/json"})
         response = connection.getresponse()
         return response.status, response.read()
     finally:
@@ -270,6 +276,14 @@ def test_the_example_service_refuses_bad_and_oversized_requests_with_a_4xx(tmp_p
         thread.join(60)
         assert status == 413 and len(body) < 1000, (status, len(body))
         assert max(latencies) < 0.5, max(latencies)
+        # A chunked body has no Content-Length: it is counted as it is read
+        # (found by a review: it was read whole, however large).
+        status, body = _post_raw(port, json.dumps({"user": 1, "items": list(range(300_000))}),
+                                 chunked=True)
+        assert status == 413 and b"at most" in body, (status, body[:200])
+        status, body = _post_raw(port, json.dumps({"user": 1, "items": [1, 2, 3]}),
+                                 chunked=True)
+        assert status == 200 and len(json.loads(body)["scores"]) <= 3, (status, body)
     finally:
         server.terminate()
         server.wait(30)

@@ -112,13 +112,39 @@ app = FastAPI(lifespan=lifespan)
 MAX_BODY_BYTES = 1 << 20
 
 
-@app.middleware("http")
-async def limit_body(request: Request, call_next: Any) -> Response:
-    length = request.headers.get("content-length", "0")
-    if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-        return JSONResponse({"detail": f"the body must be at most {MAX_BODY_BYTES} bytes"},
-                            status_code=413)
-    return await call_next(request)
+class LimitBody:
+    """Refuse (413) a request body over ``limit`` bytes, whether its
+    ``Content-Length`` says so at once or its chunks add up to more while it
+    is read (a chunked body has no length to check first)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the body must be at most {self.limit} bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await JSONResponse({"detail": too_large}, status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:  # FastAPI turns this into the response
+                    raise HTTPException(status_code=413, detail=too_large)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+app.add_middleware(LimitBody, limit=MAX_BODY_BYTES)
 
 
 @app.exception_handler(RequestValidationError)
