@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence
 
 try:  # POSIX only; `import subwabbit` must still work elsewhere
@@ -172,6 +173,93 @@ def _process_state(pid: int) -> Optional[str]:
         return None
 
 
+# ---------------------------------------------------------------- fork safety
+
+#: Held while an engine's descriptors are created and handed to an object
+#: that :data:`_HOLDERS` tracks (see :func:`in_transit`); ``os.fork()`` takes
+#: it too, so that a fork never copies descriptors that nothing tracks yet.
+#: Reentrant: a fork server's start holds it while its engine spawns.
+_TRANSIT_LOCK = threading.RLock()
+
+#: Every object of this process that holds descriptors of an engine, from
+#: their creation on: engines, fork servers and a fork's pipes not yet an
+#: engine's (:class:`LooseDescriptors`). Those a client or pool lists are
+#: also let go by its own at-fork hook; this covers the others, those in
+#: transit: started or closed on another thread (a replacement, a reload's
+#: new and old engines, a fork server spawning) or held by a task.
+_HOLDERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def in_transit() -> "threading.RLock":
+    """The lock under which engine descriptors are created and tracked
+    (``with in_transit(): ... track_for_fork(holder)``)."""
+    return _TRANSIT_LOCK
+
+
+def track_for_fork(holder: Any) -> None:
+    """Let ``holder`` go (``holder.abandon_in_fork()``) in every process
+    forked from this one (call with :func:`in_transit` held)."""
+    _HOLDERS.add(holder)
+
+
+def _before_fork() -> None:
+    _TRANSIT_LOCK.acquire()  # pylint: disable=consider-using-with
+
+
+def _after_fork_in_parent() -> None:
+    _TRANSIT_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: let go of every engine descriptor the parent held
+    (closing only this process's copies: the parent's engines still see EOF
+    when the parent closes them, and no output of theirs is read here)."""
+    global _TRANSIT_LOCK  # pylint: disable=global-statement
+    _TRANSIT_LOCK = threading.RLock()
+    holders = list(_HOLDERS)
+    _HOLDERS.clear()
+    for holder in holders:
+        try:
+            holder.abandon_in_fork()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
+class LooseDescriptors:
+    """Raw descriptors of an engine being made (a fork server's fork):
+    closed in a forked child until :meth:`hand_over` gives them to an
+    engine. Create it, and hand it over, with :func:`in_transit` held."""
+
+    def __init__(self, fds: Sequence[int]) -> None:
+        self.fds = list(fds)
+        track_for_fork(self)
+
+    def close(self, fds: Optional[Sequence[int]] = None) -> None:
+        """Close ``fds`` (default: all still held)."""
+        with _TRANSIT_LOCK:
+            for fd in list(self.fds if fds is None else fds):
+                if fd in self.fds:
+                    self.fds.remove(fd)
+                    os.close(fd)
+
+    def hand_over(self) -> None:
+        """Forget the descriptors: an engine tracked for fork holds them now."""
+        self.fds = []
+
+    def abandon_in_fork(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
 class EngineProcess:
     """A running engine with pipes on stdin, stdout and stderr.
 
@@ -198,7 +286,9 @@ class EngineProcess:
             # Started elsewhere (a fork server's child): a Popen-like object
             # with pid, stdin, stdout, stderr, returncode, poll, wait, kill,
             # terminate.
-            self.proc = proc
+            with _TRANSIT_LOCK:
+                self.proc = proc
+                track_for_fork(self)
         else:
             try:
                 # In a process group of its own: the terminal's ^C (or a signal
@@ -209,10 +299,12 @@ class EngineProcess:
                 # its own: with the kernel's autogroup scheduling, a new session
                 # is scheduled as a group apart from the client, which gave a
                 # pool of 2 on 2 cores 8% fewer predictions within 10 ms.)
-                self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                    self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, bufsize=0, env=env, pass_fds=tuple(pass_fds),
-                    **_OWN_PROCESS_GROUP)
+                with _TRANSIT_LOCK:  # (no fork between the pipes' creation and this)
+                    self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                        self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, bufsize=0, env=env, pass_fds=tuple(pass_fds),
+                        **_OWN_PROCESS_GROUP)
+                    track_for_fork(self)
             except OSError as exc:
                 raise VowpalWabbitStartupError(
                     f"cannot run the vw engine {self.argv[0]!r}: {exc}", argv=self.argv) from exc

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .command import default_engine_command
 from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
-from .engine_process import EngineProcess
+from .engine_process import EngineProcess, LooseDescriptors, in_transit, track_for_fork
 from .errors import (UNKNOWN_EXIT_STATUS, VowpalWabbitError, VowpalWabbitStartupError,
                      describe_returncode)
 
@@ -157,22 +157,24 @@ class ForkServer:
 
     def __init__(self, argv: List[str], startup_timeout_s: float) -> None:
         self.argv = argv
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = ours
-        env = dict(os.environ)
-        env[FORK_SERVER_ENV_VAR] = str(theirs.fileno())
-        try:
-            self.engine = EngineProcess(argv, prints_answers=False, env=env,
-                                        pass_fds=(theirs.fileno(),))
-        finally:
-            theirs.close()
+        self.closed = False
+        #: stopped by :meth:`close` (or let go in a fork): no statuses come any more
+        self.stopped = False
+        with in_transit():  # a forked child closes the socket and the server's pipes
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._sock = ours
+            env = dict(os.environ)
+            env[FORK_SERVER_ENV_VAR] = str(theirs.fileno())
+            try:
+                self.engine = EngineProcess(argv, prints_answers=False, env=env,
+                                            pass_fds=(theirs.fileno(),))
+            finally:
+                theirs.close()
+            track_for_fork(self)
         self.engine.drain_stdout_in_background()
         self._lock = threading.Lock()
         self._replies: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._exits: Dict[int, int] = {}
-        self.closed = False
-        #: stopped by :meth:`close` (or let go in a fork): no statuses come any more
-        self.stopped = False
         #: called with an engine's pid when its exit status arrives (on the
         #: thread that reads the server's messages: it must not block)
         self.on_exit: Optional[Callable[[int], None]] = None
@@ -255,11 +257,17 @@ class ForkServer:
 
         :raises VowpalWabbitError: when the server is gone or does not answer
         """
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
+        # Until the engine holds them, a forked child closes its copies.
+        with in_transit():
+            pipes = LooseDescriptors(())
+            try:
+                for _ in range(3):
+                    pipes.fds.extend(os.pipe())
+            except BaseException:
+                pipes.close()
+                raise
+        stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = pipes.fds
         theirs = [stdin_r, stdout_w, stderr_w]
-        ours = [stdin_w, stdout_r, stderr_r]
         try:
             with self._lock:
                 if self.closed:
@@ -270,26 +278,25 @@ class ForkServer:
         except (OSError, queue.Empty) as exc:
             # A late answer would be taken for the next request's: no more requests.
             self.closed = True
-            for fd in theirs + ours:
-                os.close(fd)
+            pipes.close()
             raise VowpalWabbitError(f"the pool's fork server did not fork an engine: {exc!r}",
                                     argv=self.argv, stderr_tail=self.engine.stderr_tail()
                                     ) from exc
         except BaseException:
-            for fd in theirs + ours:
-                os.close(fd)
+            pipes.close()
             raise
-        for fd in theirs:
-            os.close(fd)
+        pipes.close(theirs)
         if reply is None or not reply.startswith(b"pid "):
-            for fd in ours:
-                os.close(fd)
+            pipes.close()
             raise VowpalWabbitError(f"the pool's fork server answered {reply!r}", argv=self.argv,
                                     stderr_tail=self.engine.stderr_tail())
         pid = int(reply.split()[1])
         self._exits.pop(pid, None)  # an earlier engine's status, if the pid was reused
-        process = ForkedProcess(pid, stdin_w, stdout_r, stderr_r, self)
-        return EngineProcess(self.argv, prints_answers=True, proc=process)
+        with in_transit():
+            process = ForkedProcess(pid, stdin_w, stdout_r, stderr_r, self)
+            engine = EngineProcess(self.argv, prints_answers=True, proc=process)
+            pipes.hand_over()
+        return engine
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the server (the engines it forked go on until their input closes)."""
