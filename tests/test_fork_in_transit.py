@@ -74,6 +74,19 @@ class Pause:
         assert self.reached.wait(PAUSE_LIMIT_S)
 
 
+def held_while_paused(pause, target, *args):
+    """Run ``target(*args)`` on a thread; once it reaches ``pause``, which of
+    the pipes of the processes it paused with a child forked then holds."""
+    thread = threading.Thread(target=target, args=args)
+    thread.start()
+    try:
+        pause.wait()
+        return held_by_a_child(pipes_of(pause.seen))
+    finally:
+        pause.go_on.set()
+        thread.join(PAUSE_LIMIT_S)
+
+
 def test_a_reloads_new_engines_starting_on_a_thread(trained_model, monkeypatch):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         pause = Pause()
@@ -86,15 +99,7 @@ def test_a_reloads_new_engines_starting_on_a_thread(trained_model, monkeypatch):
             return engines
 
         monkeypatch.setattr(engine_group.EngineGroup, "start", paused_start)
-        reload = threading.Thread(target=pool.reload, args=(scoring_args(trained_model),))
-        reload.start()
-        try:
-            pause.wait()
-            held = held_by_a_child(pipes_of(pause.seen))
-        finally:
-            pause.go_on.set()
-            reload.join(PAUSE_LIMIT_S)
-        assert held == []
+        assert held_while_paused(pause, pool.reload, scoring_args(trained_model)) == []
         assert set(pool.engine_pids()) <= set(pause.seen)
 
 
@@ -167,15 +172,7 @@ def test_a_single_process_reloads_new_engine(trained_model, monkeypatch):
             return engine
 
         monkeypatch.setattr(model_class, "_start_engine", paused_start)
-        reload = threading.Thread(target=model.reload, args=(scoring_args(trained_model),))
-        reload.start()
-        try:
-            pause.wait()
-            held = held_by_a_child(pipes_of(pause.seen))
-        finally:
-            pause.go_on.set()
-            reload.join(PAUSE_LIMIT_S)
-        assert held == []
+        assert held_while_paused(pause, model.reload, scoring_args(trained_model)) == []
         assert model.pid == pause.seen[0]
 
 
