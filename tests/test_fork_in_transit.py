@@ -74,6 +74,20 @@ class Pause:
         assert self.reached.wait(PAUSE_LIMIT_S)
 
 
+def pausing_group_start(pause):
+    """An ``EngineGroup.start`` that pauses with the new engines' (and their
+    fork server's) pids once they run."""
+    real_start = engine_group.EngineGroup.start
+
+    def paused_start(group, count):
+        engines = real_start(group, count)
+        server = [group.server.pid] if group.server is not None else []
+        pause.here(*[engine.pid for engine in engines], *server)
+        return engines
+
+    return paused_start
+
+
 def held_while_paused(pause, target, *args):
     """Run ``target(*args)`` on a thread; once it reaches ``pause``, which of
     the pipes of the processes it paused with a child forked then holds."""
@@ -90,14 +104,7 @@ def held_while_paused(pause, target, *args):
 def test_a_reloads_new_engines_starting_on_a_thread(trained_model, monkeypatch):
     with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
         pause = Pause()
-        real_start = engine_group.EngineGroup.start
-
-        def paused_start(group, count):
-            engines = real_start(group, count)
-            server = [group.server.pid] if group.server is not None else []
-            pause.here(*[engine.pid for engine in engines], *server)
-            return engines
-
+        paused_start = pausing_group_start(pause)
         monkeypatch.setattr(engine_group.EngineGroup, "start", paused_start)
         assert held_while_paused(pause, pool.reload, scoring_args(trained_model)) == []
         assert set(pool.engine_pids()) <= set(pause.seen)
@@ -178,14 +185,7 @@ def test_a_single_process_reloads_new_engine(trained_model, monkeypatch):
 
 def test_an_asyncio_pools_reload_starting_on_the_executor(trained_model, monkeypatch):
     pause = Pause()
-    real_start = engine_group.EngineGroup.start
-
-    def paused_start(group, count):
-        engines = real_start(group, count)
-        server = [group.server.pid] if group.server is not None else []
-        pause.here(*[engine.pid for engine in engines], *server)
-        return engines
-
+    paused_start = pausing_group_start(pause)
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
                                          size=2) as pool:
