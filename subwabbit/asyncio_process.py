@@ -16,7 +16,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 from .base import Label
 from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
 from .command import VwArgs
-from .core.channel import Channel
+from .core.channel import START_BLANK, Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
                              ProbeExchange, SendExchange, format_common_part,
                              new_predict_exchange)
@@ -285,12 +285,17 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._restart_count += 1
         self._ever_started = True
 
-    async def _start_engine(self, argv: Optional[List[str]] = None) -> EngineProcess:
+    async def _start_engine(self, argv: Optional[List[str]] = None,
+                            probes_teach: Optional[str] = None) -> EngineProcess:
+        """Start an engine (``argv`` and ``probes_teach``: a reload's, else this
+        object's) and check it, without probes if they would teach it."""
+        if argv is None:
+            argv, probes_teach = self.argv, self._probes_teach
         deadline = _clock() + self.startup_timeout_s
         # Spawning (fork/exec, the stderr reader thread) takes milliseconds:
         # done on the loop's executor, so that it never holds the loop.
         loop = asyncio.get_running_loop()
-        spawn = loop.run_in_executor(None, EngineProcess, self.argv if argv is None else argv)
+        spawn = loop.run_in_executor(None, EngineProcess, argv)
         try:
             engine = await asyncio.shield(spawn)
         except asyncio.CancelledError:
@@ -299,6 +304,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             if self.pipe_buffer_size_bytes is not None:
                 engine.set_pipe_size(self.pipe_buffer_size_bytes)
+            if probes_teach is not None:
+                await self._await_blank_read(engine, deadline)
+                return engine
             exchange = startup_probe(self._outputs_per_line, deadline, self._probe_kind)
             mismatch = None
             try:
@@ -413,6 +421,29 @@ class AsyncVowpalWabbitProcess(ClientBase):
             engine.kill()
             await self._await_exit(engine, deadline)
         engine.close(max(0.0, deadline - _clock()))
+
+    async def _await_blank_read(self, engine: EngineProcess, deadline: float) -> None:
+        """The start-up check of an engine that probes would teach: write
+        :data:`~subwabbit.core.channel.START_BLANK` and wait, yielding to the
+        loop, until the engine has read it (as
+        :func:`~subwabbit.sync_driver.await_input_consumed` does)."""
+        output = b""
+        try:
+            engine.write_some(memoryview(START_BLANK))  # one byte: an empty pipe takes it
+            delay = 0.0005
+            while engine.unread_input_bytes():
+                if engine.returncode is not None:
+                    raise engine.exited_at_startup(output, read_s=0.1)
+                if _clock() >= deadline:
+                    raise engine.startup_error(
+                        "the vw engine did not start reading examples within the start-up "
+                        "timeout", output, wait_for_exit=False)
+                await asyncio.sleep(min(delay, max(0.0, deadline - _clock())))
+                delay = min(delay * 2, 0.01)
+                output += engine.read_some()
+        except VowpalWabbitEngineExitedError as exc:
+            await self._await_exit(engine, _clock() + 1.0)
+            raise engine.exited_at_startup(output, read_s=0.1) from exc
 
     @staticmethod
     async def _await_exit(engine: EngineProcess, until: float, drain: bool = False) -> None:
@@ -709,15 +740,27 @@ class AsyncVowpalWabbitProcess(ClientBase):
             save = ModelSave(str(path))
             written_before = channel.bytes_written
             done = False
+            # No probe follows the save command where the engine would learn
+            # from it (see probes_would_teach): the file is awaited instead.
+            probe = self._probes_teach is None
             try:
-                exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
-                                         self.io_timeout_s, control=self._save_command(save))
+                exchange: Exchange = ProbeExchange(
+                    channel, channel.begin(keep=False), deadline, self.io_timeout_s,
+                    control=self._save_command(save), probe=probe)
                 await self._run(exchange)
+                if not exchange.timed_out and not probe and channel.stale_lines:
+                    # Read (and drop) what earlier calls left in flight: an
+                    # engine blocked writing it would never reach the save.
+                    exchange = CleanupExchange(channel, channel.begin(keep=False), deadline,
+                                               self.io_timeout_s)
+                    await self._run(exchange)
                 if exchange.timed_out:
                     error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
                     engine.add_context(error)
                     self._fail(error)
                     raise error
+                if not probe:
+                    await self._await_file(engine, save, deadline)
                 save.finish(engine)
                 done = True
             finally:
@@ -725,6 +768,33 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                     self.io_timeout_s)
         finally:
             self._turn.release()
+
+    async def _await_file(self, engine: EngineProcess, save: ModelSave,
+                          deadline: Optional[float]) -> None:
+        """Wait, yielding to the loop, until the engine has written the
+        save's file (a save with no probe after it: the engine has only
+        the lines before the save to learn, so ``io_timeout_s`` bounds the
+        whole wait, as :func:`~subwabbit.sync_driver.wait_for_file` does)."""
+        limit = deadline
+        if self.io_timeout_s is not None:
+            idle_end = _clock() + self.io_timeout_s
+            limit = idle_end if limit is None else min(limit, idle_end)
+        delay = 0.0005
+        while not save.written():
+            error: Optional[VowpalWabbitError] = None
+            if engine.returncode is not None:
+                error = engine.exited_error(f"the vw engine exited while saving the model to "
+                                            f"{save.target}")
+            elif limit is not None and _clock() >= limit:
+                error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}",
+                                                 argv=engine.argv,
+                                                 stderr_tail=engine.stderr_tail())
+            if error is not None:
+                engine.add_context(error)
+                self._fail(error)
+                raise error
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     async def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Any:
         """Audit one example (needs ``audit_mode=True``); see
@@ -783,7 +853,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         # The model file's header is read off the event loop.
         plan = await asyncio.get_running_loop().run_in_executor(None, self._plan_reload, vw_args)
-        engine = await self._start_engine(plan.argv)
+        engine = await self._start_engine(plan.argv, plan.probes_teach)
         limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
         try:
             acquired = await self._turn.acquire(limit)

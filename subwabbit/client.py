@@ -25,7 +25,7 @@ from .engine.program import option_name
 from .core.channel import Channel
 from .core.exchanges import Pacing, check_item_parts, format_common_part
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
-                         learns_by_line_count, refuse_in_audit_mode)
+                         learns_by_line_count, probes_would_teach, refuse_in_audit_mode)
 from .model_file import saved_options_of
 from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
@@ -72,6 +72,9 @@ class ReloadPlan(NamedTuple):
     #: whether the model learns by the parity of the lines it reads
     #: (:func:`~subwabbit.core.kinds.learns_by_line_count`)
     counts_lines: bool
+    #: the reduction that probe examples would teach (see
+    #: :func:`~subwabbit.core.kinds.probes_would_teach`), or ``None``
+    probes_teach: Optional[str] = None
 
 
 class ClientBase:
@@ -117,7 +120,11 @@ class ClientBase:
         #: the kind of model served: how its examples are laid out, what
         #: ``predict`` gives and what ``train`` takes (:mod:`subwabbit.core.kinds`)
         self.prediction_kind: PredictionKind
-        self.prediction_kind, self._counts_lines = self._kind_for(self.vw_args, audit_mode)
+        # _probes_teach: the reduction of a learning engine that probe examples
+        # would teach (core.kinds.probes_would_teach): such an engine is started
+        # and saved without them; None for any other
+        self.prediction_kind, self._counts_lines, self._probes_teach = self._kind_for(
+            self.vw_args, audit_mode)
         self.batch_size = batch_size
         self.write_only = bool(write_only)
         self.audit_mode = bool(audit_mode)
@@ -156,14 +163,14 @@ class ClientBase:
             <subwabbit.core.kinds.PredictionKind.serves_like>`)
         """
         normalized = normalize_vw_args(vw_args)
-        kind, counts_lines = self._kind_for(normalized, self.audit_mode)
+        kind, counts_lines, probes_teach = self._kind_for(normalized, self.audit_mode)
         if not kind.serves_like(self.prediction_kind):
             raise ValueError(f"reload() cannot change the kind of model or its classes: this "
                              f"object serves {self.prediction_kind.summary()} and the new "
                              f"arguments make {kind.summary()}; create a new object")
         argv = build_argv(self.vw_command, kind.engine_args(normalized),
                           predictions=not self.write_only, audit=self.audit_mode)
-        return ReloadPlan(normalized, kind, argv, counts_lines)
+        return ReloadPlan(normalized, kind, argv, counts_lines, probes_teach)
 
     def _reloaded(self, plan: ReloadPlan) -> None:
         """Remember what the engine a reload switched to serves."""
@@ -171,6 +178,7 @@ class ClientBase:
         self.prediction_kind = plan.kind
         self.argv = plan.argv
         self._counts_lines = plan.counts_lines
+        self._probes_teach = plan.probes_teach
         self._writes_final_model = any(option_name(token) in ("-f", "--final_regressor")
                                        for token in self.vw_args)
 
@@ -184,14 +192,17 @@ class ClientBase:
 
     # --------------------------------------------------------------- kind
 
-    def _kind_for(self, vw_args: Sequence[str], audit_mode: bool) -> Tuple[PredictionKind, bool]:
+    def _kind_for(self, vw_args: Sequence[str],
+                  audit_mode: bool) -> Tuple[PredictionKind, bool, Optional[str]]:
         """The kind of model that ``vw_args`` (normalised), the options saved
         in the model file they load (:mod:`subwabbit.model_file`) and this
         object's ``prediction_type`` describe; the engine's command line follows from
         it (:meth:`PredictionKind.engine_args
         <subwabbit.core.kinds.PredictionKind.engine_args>`), and so do the
         answer lines per example. Also whether the model learns by the parity
-        of the lines it reads (:func:`~subwabbit.core.kinds.learns_by_line_count`).
+        of the lines it reads (:func:`~subwabbit.core.kinds.learns_by_line_count`),
+        and which of its reductions probe examples would teach
+        (:func:`~subwabbit.core.kinds.probes_would_teach`).
 
         :raises ValueError: for a reduction that cannot be served, a
             ``prediction_type`` that contradicts ``vw_args``, or audit mode
@@ -205,7 +216,8 @@ class ClientBase:
                              f"a {kind.name!r} model ({kind.origin})")
         if audit_mode:
             refuse_in_audit_mode(list(vw_args) + saved)
-        return kind, learns_by_line_count(list(vw_args) + saved)
+        return (kind, learns_by_line_count(list(vw_args) + saved),
+                probes_would_teach(vw_args, saved))
 
     def _save_command(self, save: ModelSave) -> List[bytes]:
         """The control lines that make the engine save: the save command,

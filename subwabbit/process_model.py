@@ -174,9 +174,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._adopt(self._start_engine())
 
     def _start_engine(self, on_spawn: Optional[Callable[[EngineProcess], None]] = None,
-                      argv: Optional[List[str]] = None) -> EngineProcess:
-        engine = start_engine(self.argv if argv is None else argv, self._outputs_per_line,
-                              self.startup_timeout_s, on_spawn, self._probe_kind)
+                      argv: Optional[List[str]] = None,
+                      probes_teach: Optional[str] = None) -> EngineProcess:
+        """Start an engine (``argv`` and ``probes_teach``: a reload's, else this
+        object's), without probes if they would teach it."""
+        if argv is None:
+            argv, probes_teach = self.argv, self._probes_teach
+        engine = start_engine(argv, self._outputs_per_line, self.startup_timeout_s, on_spawn,
+                              self._probe_kind, blank=probes_teach is not None)
         try:
             self._after_start(engine)
         except BaseException:
@@ -539,7 +544,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         plan = self._plan_reload(vw_args)
-        engine = self._start_engine(argv=plan.argv)
+        engine = self._start_engine(argv=plan.argv, probes_teach=plan.probes_teach)
         began = time.perf_counter()
         token = object()
         if not self._wait_for_turn(token, self._turn_limit(began, None)):
@@ -720,18 +725,27 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             save = ModelSave(str(path))
             written_before = channel.bytes_written
             done = False
+            # No probe follows the save command where the engine would learn
+            # from it (see probes_would_teach): the file is awaited instead.
+            probe = not self.write_only and self._probes_teach is None
             try:
-                exchange = ProbeExchange(channel, channel.begin(keep=False), deadline,
-                                         self.io_timeout_s, control=self._save_command(save),
-                                         probe=not self.write_only)
+                exchange: Exchange = ProbeExchange(
+                    channel, channel.begin(keep=False), deadline, self.io_timeout_s,
+                    control=self._save_command(save), probe=probe)
                 self._run(exchange)
+                if not exchange.timed_out and not probe and channel.stale_lines:
+                    # Read (and drop) what earlier calls left in flight: an
+                    # engine blocked writing it would never reach the save.
+                    exchange = CleanupExchange(channel, channel.begin(keep=False), deadline,
+                                               self.io_timeout_s)
+                    self._run(exchange)
                 if exchange.timed_out:
                     error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
                     self._fail(error)
                     raise error
-                if self.write_only:
-                    # A write-only engine has at most a pipe's worth of examples
-                    # to learn before the save: io_timeout_s bounds the whole wait.
+                if not probe:
+                    # The engine has at most a pipe's worth of examples to
+                    # learn before the save: io_timeout_s bounds the whole wait.
                     limit = deadline
                     if self.io_timeout_s is not None:
                         idle_end = time.perf_counter() + self.io_timeout_s

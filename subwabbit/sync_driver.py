@@ -11,7 +11,7 @@ import time
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional,
                     Sequence)
 
-from .core.channel import Channel
+from .core.channel import PROBE_LINE, START_BLANK, Channel
 from .core.exchanges import Exchange, WarmUpExchange
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
@@ -76,7 +76,7 @@ def run(engine: EngineProcess, exchange: Exchange,
 
 def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: float,
                  on_spawn: Optional[Callable[[EngineProcess], None]] = None,
-                 kind: Optional[PredictionKind] = None) -> EngineProcess:
+                 kind: Optional[PredictionKind] = None, blank: bool = False) -> EngineProcess:
     """Spawn an engine and check that it answers (or, write-only, that it reads).
 
     :param outputs_per_line: answer lines per example (0: write-only)
@@ -84,6 +84,9 @@ def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: floa
         another thread can kill it while it starts)
     :param kind: the model's kind, whose shape the probe answers must have
         (``None``: any shape, as in audit mode)
+    :param blank: send no probe: check only that the engine reads
+        :data:`~subwabbit.core.channel.START_BLANK` (an engine that the
+        probes would teach, see :func:`~subwabbit.core.kinds.probes_would_teach`)
     :raises VowpalWabbitStartupError: when the engine cannot run, exits, says
         it failed, or shows no sign of life within ``startup_timeout_s`` (the
         error then comes within a few milliseconds of the timeout)
@@ -93,10 +96,13 @@ def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: floa
     if on_spawn is not None:
         on_spawn(engine)
     try:
-        if outputs_per_line:
+        if blank:
+            await_input_consumed(engine, deadline, START_BLANK)
+        elif outputs_per_line:
             check_answers_probe(engine, outputs_per_line, deadline, kind)
         else:
             await_input_consumed(engine, deadline)
+        if not outputs_per_line:
             engine.drain_stdout_in_background()
     except BaseException:
         engine.abort()
@@ -155,22 +161,23 @@ def warm_up(engine: EngineProcess, lines: Sequence[str], outputs_per_line: int,
     return channel
 
 
-def await_input_consumed(engine: EngineProcess, deadline: float) -> None:
+def await_input_consumed(engine: EngineProcess, deadline: float,
+                         data: bytes = PROBE_LINE) -> None:
     """Write-only start-up check: the engine reads stdin only once its
     arguments are accepted and its model loaded, so wait until it has read
-    a probe example (or exited)."""
-    channel = Channel(0)
-    call = channel.begin()
-    call.queue_probe()
+    ``data`` (a probe example, or :data:`~subwabbit.core.channel.START_BLANK`),
+    or exited."""
+    unwritten = memoryview(data)
     delay = 0.0005
     output = b""
     while True:
         try:
-            channel.write_with(engine.write_some)
+            if unwritten:
+                unwritten = unwritten[engine.write_some(unwritten):]
         except VowpalWabbitEngineExitedError as exc:
             raise engine.exited_at_startup(output) from exc
         unread = engine.unread_input_bytes()
-        if not channel.unwritten_bytes and not unread:
+        if not unwritten and not unread:
             return
         if engine.wait(True, False, min(deadline, _clock() + delay)):
             try:

@@ -39,6 +39,16 @@ from ..lines import encode_example, encode_lines
 #: save, say).
 PROBE_LINE = b"|\n\n"
 
+#: What starts an engine that the probes would teach (a learning engine with
+#: a reduction of :data:`~subwabbit.core.kinds.MOVED_BY_EVERY_EXAMPLE`, which
+#: draws random numbers for each example, or counts lines): a space. That the
+#: engine has read it shows that it started; vw's parser skips it as the
+#: leading blank of the line that follows, so it is neither an example nor a
+#: line (the same model and answers, on vw's driver and the one-thread loop;
+#: an engine closed before any line reads it as a last, featureless example,
+#: after its learning). No answer is checked at such a start.
+START_BLANK = b" "
+
 #: Kinds of segments.
 EXAMPLES = "examples"
 PROBE = "probe"

@@ -840,6 +840,33 @@ def learns_by_line_count(options: Sequence[str]) -> bool:
     return any(option_name(token) in LINE_COUNTING for token in options)
 
 
+#: Reductions whose learning the probe examples would move (an unlabelled
+#: example teaches other reductions nothing), measured on vw 9.x: for each
+#: example a learning engine reads, ``--bootstrap`` and ``--active``
+#: (``--simulation``) draw from the engine's random numbers, and
+#: ``--stage_poly`` schedules its support updates by the count of lines read
+#: (empty lines and save commands too). (``--lrq`` and ``--lrqfa``, which
+#: learn by that count's parity, are not moved by a probe's two lines:
+#: :data:`LINE_COUNTING`.)
+MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly")
+
+
+def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> Optional[str]:
+    """The reduction of :data:`MOVED_BY_EVERY_EXAMPLE` that a learning engine
+    (no ``-t``) runs, from its arguments or the options saved in the model
+    file it loads; ``None`` for any other engine. Such an engine is started
+    and saved without probe examples (see
+    :data:`~subwabbit.core.channel.START_BLANK`).
+    """
+    if any(option_name(token) in ("-t", "--testonly") for token in vw_args):
+        return None
+    for token in list(vw_args) + list(saved_options):
+        name = option_name(token)
+        if name in MOVED_BY_EVERY_EXAMPLE:
+            return name
+    return None
+
+
 #: Reductions that call the learner under them more than once per example:
 #: in audit mode vw then prints more than the three lines per example that
 #: audit mode reads, depending on the example (a labelled one, a tree's path).

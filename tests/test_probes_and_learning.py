@@ -1,0 +1,221 @@
+"""The lines subwabbit sends of its own teach a learning model nothing.
+
+A client checks a new engine with probe examples, and save() marks the point
+in the output stream with one. They are unlabelled, but some reductions of a
+learning engine (no ``-t``) are moved by every example, or every line, they
+read: ``--bootstrap`` and ``--active`` draw random numbers for each example,
+``--stage_poly`` schedules its support updates by the count of lines read
+(``--lrq`` and ``--lrqfa`` learn by its parity: a save must leave it as it
+was, which the save tests check too). A model trained through
+subwabbit must still be the model vw makes of the same training lines from a
+file. Every check compares with the engine reading a file.
+"""
+
+import asyncio
+from typing import Any, List
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitProcess, VowpalWabbitStartupError)
+
+from conftest import ALL_KINDS, Client, DictFormatter, engine_from_file
+
+FORMATTER = DictFormatter()
+
+
+def request(index: int, size: int = 6) -> Any:
+    common = {"user": index % 5, "ctx": [f"k{index % 3}"]}
+    return common, [{"id": (index * 5 + offset) % 23} for offset in range(size)]
+
+
+def _scalar(index: int, item: int) -> int:
+    return 1 if (item + index) % 3 == 0 else -1
+
+
+def _class(index: int, item: int) -> int:
+    return (item + index // 7) % 3 + 1
+
+
+def labels(args: List[str], index: int, size: int = 6) -> List[int]:
+    label = _class if "--oaa" in args else _scalar
+    return [label(index, item["id"]) for item in request(index, size)[1]]
+
+
+def file_lines(args: List[str], index: int, size: int = 6, labelled: bool = True) -> List[str]:
+    """A request's VW lines, written here without the library."""
+    common, items = request(index, size)
+    common_part = FORMATTER.format_common_features(common)
+    texts = [f"{label} " for label in labels(args, index, size)] if labelled else [""] * size
+    return [f"{text}{common_part} {FORMATTER.format_item_features(common, item)}"
+            for text, item in zip(texts, items)]
+
+
+TRAIN = range(40)
+TEST = [(100, 7), (101, 1), (102, 12)]
+
+#: Learning models that every extra example (or line) the engine reads moves.
+MOVED = {
+    "bootstrap": ["--bootstrap", "4"],
+    "oaa-bootstrap": ["--oaa", "3", "--bootstrap", "3"],
+    "stage_poly": ["--stage_poly", "--batch_sz", "8", "--sched_exponent", "0.5"],
+    "active": ["--active", "--simulation", "--mellowness", "0.1"],
+}
+
+
+def first_token(raw: List[bytes]) -> List[Any]:
+    return [float(line.split()[0]) for line in raw]
+
+
+def expected(args: List[str], tmp_path: Any, train=TRAIN) -> List[Any]:
+    """The TEST predictions of the engine that read the training lines, then
+    the TEST lines, from a file."""
+    lines = [line for index in train for line in file_lines(args, index)]
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    raw = engine_from_file(lines + test, args, tmp_path)
+    return first_token(raw[-len(test):])
+
+
+def train_all(client: Any, args: List[str], train=TRAIN) -> None:
+    for index in train:
+        client.train(*request(index), labels(args, index))
+
+
+def predictions(client: Any) -> List[Any]:
+    got = [client.predict(*request(index, size)) for index, size in TEST]
+    return [float(value) for values in got for value in values]
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+@pytest.mark.parametrize("name", list(MOVED))
+def test_the_start_up_check_teaches_a_learning_model_nothing(name, client_kind, tmp_path):
+    args = MOVED[name]
+    want = expected(args, tmp_path)
+    client = Client(client_kind, FORMATTER, args + ["--quiet"])
+    try:
+        train_all(client, args)
+        assert predictions(client) == want
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("name", ["bootstrap", "stage_poly"])
+def test_a_write_only_trainer_saves_the_model_the_file_trains(name, tmp_path):
+    args = MOVED[name]
+    with VowpalWabbitProcess(FORMATTER, args + ["--quiet"], write_only=True) as trainer:
+        train_all(trainer, args)
+        trainer.save(str(tmp_path / "online.vw"))
+    lines = [line for index in TRAIN for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
+    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
+    assert online == from_file and online
+
+
+@pytest.mark.parametrize("name", ["bootstrap", "stage_poly"])
+def test_the_final_model_is_the_one_the_file_trains(name, tmp_path):
+    args = MOVED[name]
+    with VowpalWabbitProcess(FORMATTER, args + ["--quiet", "-f", str(tmp_path / "online.vw")]) \
+            as trainer:
+        train_all(trainer, args)
+    lines = [line for index in TRAIN for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
+    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
+    assert online == from_file and online
+
+
+#: Models whose learning a save() in the middle of training must not move
+#: (--stage_poly counts the save command itself, as vw reading it from a file does).
+SAVED_MID_WAY = {
+    "bootstrap": ["--bootstrap", "4"],
+    "active": ["--active", "--simulation", "--mellowness", "0.1"],
+    "lrq": ["--lrq", "ui4"],
+    "lrqfa": ["--lrqfa", "ui4"],
+    "gd": [],
+}
+
+
+@pytest.mark.parametrize("client_kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("name", list(SAVED_MID_WAY))
+def test_saving_in_the_middle_of_training_teaches_the_model_nothing(name, client_kind, tmp_path):
+    args = SAVED_MID_WAY[name]
+    want = expected(args, tmp_path)
+    client = Client(client_kind, FORMATTER, args + ["--quiet"])
+    try:
+        train_all(client, args, TRAIN[:20])
+        if client_kind == "asyncio":
+            client.loop.run_until_complete(client.model.save(str(tmp_path / "half.vw")))
+        else:
+            client.model.save(str(tmp_path / "half.vw"))
+        train_all(client, args, TRAIN[20:])
+        assert predictions(client) == want
+    finally:
+        client.close()
+    # and the saved model is the one the file's first half trains
+    lines = [line for index in TRAIN[:20] for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    if name != "active":  # vw 9 cannot load an --active model it saved
+        online = engine_from_file(test, ["-i", str(tmp_path / "half.vw"), "-t"], tmp_path)
+        assert online == engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"],
+                                          tmp_path)
+
+
+def test_a_save_after_an_abandoned_predict_reads_its_answers_first(tmp_path):
+    """No probe follows the save command: the answers still owed to an
+    earlier call are read (and dropped) while the save is awaited, so an
+    engine blocked writing them reaches the save."""
+    args = ["--bootstrap", "4", "--quiet"]
+    with VowpalWabbitProcess(FORMATTER, args, batch_size=64) as model:
+        common, _ = request(1)
+        items = [{"id": index % 23} for index in range(30000)]
+        iterator = model.predict(common, items)
+        next(iterator)
+        del iterator
+        model.save(str(tmp_path / "m.vw"))
+        assert (tmp_path / "m.vw").stat().st_size > 0
+        assert len(list(model.predict(*request(3)))) == 6
+
+
+def test_a_reload_to_such_a_model_starts_it_without_probes(tmp_path):
+    args = MOVED["bootstrap"]
+    want = expected(args, tmp_path)
+    with VowpalWabbitProcess(FORMATTER, ["--quiet"]) as model:
+        model.reload(args + ["--quiet"])
+        train_all(model, args)
+        got = [list(model.predict(*request(index, size))) for index, size in TEST]
+    assert [float(value) for values in got for value in values] == want
+
+
+@pytest.mark.parametrize("client_kind", ["blocking", "asyncio"])
+def test_an_engine_that_fails_to_start_still_fails_at_start_up(client_kind):
+    with pytest.raises(VowpalWabbitStartupError):
+        if client_kind == "asyncio":
+            async def start():
+                model = AsyncVowpalWabbitProcess(FORMATTER, ["--bootstrap", "4", "--no_such",
+                                                             "--quiet"])
+                try:
+                    await model.start()
+                finally:
+                    await model.close()
+            asyncio.run(start())
+        else:
+            VowpalWabbitProcess(FORMATTER, ["--stage_poly", "--no_such", "--quiet"])
+
+
+def test_which_arguments_keep_the_engine_from_probes():
+    from subwabbit.core.kinds import probes_would_teach  # pylint: disable=import-outside-toplevel
+
+    assert probes_would_teach(["--bootstrap", "4"], []) == "--bootstrap"
+    assert probes_would_teach(["--stage_poly", "--quiet"], []) == "--stage_poly"
+    assert probes_would_teach(["--active", "--simulation"], []) == "--active"
+    assert probes_would_teach(["--lrq=ui4"], []) is None  # a probe's two lines keep the parity
+    assert probes_would_teach(["--active_cover"], []) is None
+    assert probes_would_teach(["-i", "m.vw"], ["--bootstrap", "4"]) == "--bootstrap"
+    # an engine that does not learn is probed as any other
+    assert probes_would_teach(["--bootstrap", "4", "-t"], []) is None
+    assert probes_would_teach(["-i", "m.vw", "--testonly"], ["--stage_poly"]) is None
+    assert probes_would_teach(["--oaa", "3", "--nn", "3", "--dropout"], []) is None
+    assert probes_would_teach(["--cb_explore_adf", "--bag", "3"], []) is None
