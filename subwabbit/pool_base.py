@@ -280,11 +280,19 @@ class PoolBase(ClientBase):
         self._finish_call("predict", metrics)
 
     @staticmethod
-    def _remaining(items: Any, exchange: SplitPredictExchange[Slot]) -> Optional[int]:
+    def _length(items: Any) -> Optional[int]:
+        """How many items a call has (``None``: an iterable of unknown
+        length). Asked once, before the call takes anything: a ``len()``
+        that raises (a lazy sequence's query) must not leave the call
+        counted in, or engines it gave back unclosed."""
         try:
-            return len(items) - exchange.formatted
+            return len(items)
         except TypeError:
             return None
+
+    @staticmethod
+    def _remaining(total: Optional[int], exchange: SplitPredictExchange[Slot]) -> Optional[int]:
+        return None if total is None else total - exchange.formatted
 
     def _stuck_error(self, slot: Slot) -> VowpalWabbitTimeoutError:
         return VowpalWabbitTimeoutError(
@@ -309,7 +317,7 @@ class PoolBase(ClientBase):
 
     # ------------------------------------------- decisions (caller holds the state)
 
-    def _take_first(self, exchange: SplitPredictExchange[Slot], items: Any,
+    def _take_first(self, exchange: SplitPredictExchange[Slot], total: Optional[int],
                     ticket: Optional[Ticket] = None) -> Optional[int]:
         """Take a call's first engines if one is free and not due to a call
         that waited before it.
@@ -327,7 +335,7 @@ class PoolBase(ClientBase):
         if mine <= 0:
             return None
         roster.calls += 1
-        want = lanes_wanted(self._remaining(items, exchange), roster.share(generation), 0,
+        want = lanes_wanted(self._remaining(total, exchange), roster.share(generation), 0,
                             exchange.max_lanes)
         for slot in free[:min(mine, max(1, want))]:
             roster.take(slot)
@@ -344,7 +352,7 @@ class PoolBase(ClientBase):
         exchange.add_lane(free[0], free[0].channel)
         return True
 
-    def _rebalance_now(self, exchange: SplitPredictExchange[Slot], items: Any,
+    def _rebalance_now(self, exchange: SplitPredictExchange[Slot], total: Optional[int],
                        generation: int) -> List[Slot]:
         """Give back retired engines whose answers are in, retire one when
         another call waits and this one holds more than its share, and take
@@ -363,7 +371,7 @@ class PoolBase(ClientBase):
             lanes = [lane for lane in exchange.lanes if not lane.retiring]
             exchange.retire_lane(min(lanes, key=lambda lane: lane.channel.in_flight_lines))
         elif exchange.wants_lanes and not roster.waiting and generation == roster.generation:
-            want = lanes_wanted(self._remaining(items, exchange), roster.share(generation),
+            want = lanes_wanted(self._remaining(total, exchange), roster.share(generation),
                                 active, exchange.max_lanes)
             for slot in roster.free(generation)[:want]:
                 roster.take(slot)
@@ -689,14 +697,14 @@ class PoolBase(ClientBase):
             if self._check_open() and metrics is not None:
                 metrics["restarts"] = 1
             exchange = self._new_exchange(common_features, items_features, deadline, debug_info)
-            generation = yield from self._first_engines(exchange, items_features, deadline,
+            total = self._length(items_features)
+            generation = yield from self._first_engines(exchange, total, deadline,
                                                         start, metrics)
             if generation is not None:
                 counted = True
                 if metrics is not None:
                     metrics["model_generation"] = generation
-                engines_used = yield from self._serve(exchange, items_features, generation,
-                                                      results)
+                engines_used = yield from self._serve(exchange, total, generation, results)
                 if results and not exchange.failed_lanes and exchange.first_lines:
                     self._recent_lines = exchange.first_lines
         finally:
@@ -716,7 +724,7 @@ class PoolBase(ClientBase):
         """
         raise NotImplementedError()
 
-    def _first_engines(self, exchange: SplitPredictExchange[Slot], items: Any,
+    def _first_engines(self, exchange: SplitPredictExchange[Slot], total: Optional[int],
                        deadline: Optional[float], start: float,
                        metrics: Optional[Dict[str, Any]]
                        ) -> Generator[Wait, Readable, Optional[int]]:
@@ -740,7 +748,7 @@ class PoolBase(ClientBase):
                         raise VowpalWabbitError(f"{type(self).__name__} is closed")
                     stuck = self._take_out_unfit()
                     if not stuck:
-                        generation = self._take_first(exchange, items, ticket)
+                        generation = self._take_first(exchange, total, ticket)
                         if generation is not None:
                             return generation
                         if ticket is None:
@@ -772,7 +780,7 @@ class PoolBase(ClientBase):
                 if ticket is not None:
                     metrics["waited_for_other_call"] = 1
 
-    def _serve(self, exchange: SplitPredictExchange[Slot], items: Any, generation: int,
+    def _serve(self, exchange: SplitPredictExchange[Slot], total: Optional[int], generation: int,
                results: List[Any]) -> Generator[Wait, Readable, int]:
         """Drive the call on its engines until it is done.
 
@@ -814,7 +822,7 @@ class PoolBase(ClientBase):
                 return most
             if seen != roster.version or exchange.releasable_lanes():
                 with self._state_lock():
-                    closing = self._rebalance_now(exchange, items, generation)
+                    closing = self._rebalance_now(exchange, total, generation)
                     self._changed()
                     seen = roster.version
                 self._close_later(closing)

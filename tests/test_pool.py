@@ -315,6 +315,69 @@ def test_a_reload_that_cannot_start_raises_and_the_old_model_keeps_serving(
     assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
 
 
+def test_reloads_run_in_the_order_they_were_asked_for(pool, trained_model, second_model,
+                                                      truth, monkeypatch):
+    """A reload asked for while another runs waits its turn: one asked for
+    after it, from the thread whose reload just ended, comes after it. (The
+    reload lock was a plain threading.Lock, which the thread that releases it
+    takes again before a waiting thread wakes: the older reload ran last and
+    its model served.)"""
+    spawn = pool._spawn
+    began = []
+    first = threading.Event()
+    queued = threading.Event()
+
+    def spawn_in_order(argv, vw_args, count):
+        began.append(vw_args[vw_args.index("-i") + 1])
+        if len(began) == 1:
+            first.set()
+            assert queued.wait(10)
+            time.sleep(0.2)  # the other thread's reload now waits for its turn
+            raise VowpalWabbitStartupError("this model does not start")
+        return spawn(argv, vw_args, count)
+
+    monkeypatch.setattr(pool, "_spawn", spawn_in_order)
+
+    def retry_at_once():
+        with pytest.raises(VowpalWabbitStartupError):
+            pool.reload(scoring_args(second_model))
+        pool.reload(scoring_args(trained_model))  # asked for last: it serves
+
+    def asked_in_between():
+        assert first.wait(10)
+        queued.set()
+        pool.reload(scoring_args(second_model))
+
+    threads = [threading.Thread(target=retry_at_once), threading.Thread(target=asked_in_between)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert began == [second_model, second_model, trained_model]
+    assert pool.generation == 2
+    assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
+class _LengthFails(list):
+    """Items whose len() fails (a lazy sequence: a database query, say)."""
+
+    def __len__(self):
+        raise RuntimeError("the query failed")
+
+
+def test_items_whose_length_fails_leave_no_call_counted(pool, trained_model, truth):
+    """The call raises, and is not left counted among the calls in progress.
+    (len() ran after the call was counted in, and the count was never taken
+    back: every later call took half the engines it may, as if another ran.)"""
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            pool.predict(common(1), _LengthFails(items(3000)), timeout=1)
+    assert pool._roster.calls == 0 and pool._roster.waiting == 0
+    metrics = {}
+    assert pool.predict(common(1), items(3000), metrics=metrics) == truth[trained_model][1]
+    assert metrics["engines"] == 2
+
+
 def test_a_killed_engine_is_replaced_and_calls_stay_exact(pool, trained_model, truth):
     victim = pool.engine_pids()[0]
     os.kill(victim, signal.SIGKILL)
