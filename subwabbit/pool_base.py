@@ -477,6 +477,9 @@ class PoolBase(ClientBase):
         slots = list(self._roster.slots)
         for slot in slots:
             self._roster.remove(slot)
+        # A change, engines or not: a call waiting while none was in service
+        # (a replacement starting) waits for one, and must see the pool closed.
+        self._roster.version += 1
         self._changed()
         return slots
 
@@ -884,15 +887,15 @@ class PoolBase(ClientBase):
                             generation: int) -> Generator[Wait, Readable, bool]:
         """A call whose engines all failed waits for one of its generation.
 
-        :returns: ``False`` when its time is up first
+        :returns: ``False`` when its time is up first, or the pool closed
         """
         limit = exchange.end_at
         if limit is None and self.io_timeout_s is not None:
             limit = _clock() + self.io_timeout_s
         while True:
             with self._state_lock():
-                if self._closed:
-                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                if self._closed:  # a call in progress: it ends with what it has
+                    return False
                 if self._take_replacement(exchange, generation):
                     return True
                 if generation != self._roster.generation:

@@ -30,7 +30,7 @@ from subwabbit.fork_server import ForkServer
 from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
                       deadline_calls, in_child, items, wide_model,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
-                      wait_until, warnings_of)
+                      slow_starting_engine, wait_until, warnings_of)
 
 
 @pytest.fixture
@@ -1214,6 +1214,88 @@ def test_engines_of_a_crowded_pool_run_below_the_client(trained_model, truth, sh
         for pid in pool.engine_pids():
             assert os.sched_getscheduler(pid) == os.SCHED_OTHER
             assert os.getpriority(os.PRIO_PROCESS, pid) == mine
+
+
+@pytest.mark.parametrize("timeout", [None, 20.0])
+def test_close_wakes_a_call_waiting_for_an_engine_of_a_pool_with_none(trained_model, tmp_path,
+                                                                      timeout):
+    """A call waiting for an engine while the pool has none in service (its
+    one engine died, the replacement is starting) ends when the pool closes.
+    (close() changed nothing a waiting thread looks at when no engine was
+    left to take out of service: the call slept on until its deadline, or
+    io_timeout_s, or for ever without one.)"""
+    flag, command = slow_starting_engine(tmp_path, 5.0)
+    pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                            vw_command=command, io_timeout_s=20.0)
+    flag.touch()  # the replacement takes 5 s to start
+    victim = pool.engine_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    assert process_gone(victim)
+    # A call finds it dead: it is taken out of service, and replaced.
+    assert wait_until(lambda: pool.predict(common(1), items(100), timeout=0.0) == []
+                      and pool.stats()["engine_failures"] == 1)
+    assert pool.stats()["engines"] == 0
+    errors, ended = [], []
+
+    def call():
+        try:
+            pool.predict(common(1), items(100), timeout=timeout)
+        except VowpalWabbitError as exc:
+            errors.append(exc)
+        ended.append(time.perf_counter())
+
+    thread = threading.Thread(target=call)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a timeout of 20 s is meant)
+        thread.start()
+        assert wait_until(lambda: pool._roster.waiting == 1)
+        time.sleep(0.1)
+        closed = time.perf_counter()
+        pool.close(timeout=1.0)
+        thread.join(10)
+    assert len(ended) == 1 and ended[0] - closed < 1.5
+    assert len(errors) == 1 and "closed" in str(errors[0])
+
+
+def test_close_ends_a_call_waiting_for_a_replacement_with_its_prefix(trained_model, truth,
+                                                                     tmp_path):
+    """A call in progress whose engines all failed waits for a replacement;
+    when the pool closes meanwhile, it ends at once with the predictions it
+    has, as every call in progress does. (It slept on until io_timeout_s,
+    then raised, and what it had was lost.)"""
+    flag, command = slow_starting_engine(tmp_path, 5.0)
+
+    class SlowFormatter(DictFormatter):
+        def format_item_features(self, common_features, item_features, debug_info=None):
+            time.sleep(0.00005)
+            return super().format_item_features(common_features, item_features, debug_info)
+
+    pool = VowpalWabbitPool(SlowFormatter(), scoring_args(trained_model), size=1,
+                            vw_command=command, io_timeout_s=20.0)
+    flag.touch()  # the replacement takes 5 s to start
+    results, errors, ended = [], [], []
+
+    def call():
+        try:
+            results.append(pool.predict(common(2), items(3000) * 100))
+        except VowpalWabbitError as exc:
+            errors.append(exc)
+        ended.append(time.perf_counter())
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.3)
+    os.kill(pool.engine_pids()[0], signal.SIGKILL)
+    assert wait_until(lambda: pool.stats()["engine_failures"] == 1)
+    time.sleep(0.2)
+    assert not ended
+    closed = time.perf_counter()
+    pool.close(timeout=1.0)
+    thread.join(10)
+    assert len(ended) == 1 and ended[0] - closed < 1.5
+    assert errors == []
+    got = results[0]
+    assert 0 < len(got) and got == (truth[trained_model][2] * 100)[:len(got)]
 
 
 def test_close_lets_calls_in_progress_end_with_their_prefix(trained_model, truth):
