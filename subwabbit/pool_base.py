@@ -318,12 +318,15 @@ class PoolBase(ClientBase):
     # ------------------------------------------- decisions (caller holds the state)
 
     def _take_first(self, exchange: SplitPredictExchange[Slot], total: Optional[int],
-                    ticket: Optional[Ticket] = None) -> Optional[int]:
+                    ticket: Optional[Ticket] = None,
+                    deadline: Optional[float] = None) -> Optional[int]:
         """Take a call's first engines if one is free and not due to a call
         that waited before it.
 
         :param ticket: the call's place among the waiting calls (``None``:
             it does not wait yet, and comes after all of them)
+        :param deadline: the call's deadline (``None``: none), for
+            :meth:`Roster.ahead_of <subwabbit.core.roster.Roster.ahead_of>`
         :returns: the generation that serves it, or ``None`` when none is free
         """
         roster = self._roster
@@ -331,7 +334,7 @@ class PoolBase(ClientBase):
         free = roster.free(generation)
         if not free:
             return None
-        mine = len(free) - roster.ahead_of(ticket, _clock())
+        mine = len(free) - roster.ahead_of(ticket, _clock(), deadline)
         if mine <= 0:
             return None
         roster.calls += 1
@@ -652,7 +655,8 @@ class PoolBase(ClientBase):
 
     #: The part of its time (from its start to its deadline) during which a
     #: call waiting for an engine comes before the calls that came after it;
-    #: a call without a deadline comes first for as long as it waits (see
+    #: after it, only before those with an earlier deadline; a call without a
+    #: deadline comes first for as long as it waits (see
     #: :class:`~subwabbit.core.roster.Roster` for the figures behind it).
     waiting_precedence = 0.1
 
@@ -751,7 +755,7 @@ class PoolBase(ClientBase):
                         raise VowpalWabbitError(f"{type(self).__name__} is closed")
                     stuck = self._take_out_unfit()
                     if not stuck:
-                        generation = self._take_first(exchange, total, ticket)
+                        generation = self._take_first(exchange, total, ticket, deadline)
                         if generation is not None:
                             return generation
                         if ticket is None:
@@ -760,7 +764,8 @@ class PoolBase(ClientBase):
                             # as long as it waits.
                             ticket = roster.wait(
                                 None if deadline is None
-                                else start + (deadline - start) * self.waiting_precedence)
+                                else start + (deadline - start) * self.waiting_precedence,
+                                deadline)
                             self._counters["waited_for_engine"] += 1
                         if limit is not None and _clock() >= limit:
                             if deadline is not None:

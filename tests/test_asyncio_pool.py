@@ -104,6 +104,37 @@ def test_a_waiting_call_is_not_starved_by_a_task_that_calls_back_to_back(trained
     assert unbounded == truth[trained_model][2][:300]
 
 
+def test_a_waiting_task_with_a_longer_budget_is_not_starved_by_shorter_ones(trained_model,
+                                                                          truth):
+    # As the thread pool's: a 50 ms call came first for 5 ms only, then
+    # after every new 10 ms call of two tasks calling back to back.
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=1) as pool:
+            stop = False
+
+            async def back_to_back():
+                while not stop:
+                    await pool.predict(common(0), items(3000), timeout=0.010)
+
+            looping = [asyncio.ensure_future(back_to_back()) for _ in range(2)]
+            lengths = []
+            try:
+                await asyncio.sleep(0.05)
+                for _ in range(40):
+                    got = await pool.predict(common(1), items(3000), timeout=0.050)
+                    assert got == truth[trained_model][1][:len(got)]
+                    lengths.append(len(got))
+                    await asyncio.sleep(0.010)
+            finally:
+                stop = True
+                await asyncio.wait_for(asyncio.gather(*looping), 30)
+            return lengths
+
+    lengths = run(asyncio.wait_for(main(), 60))
+    assert sum(1 for length in lengths if length) >= 30, lengths
+
+
 def test_a_start_that_a_reload_overtakes_leaves_the_reloaded_model_alone(
         trained_model, second_model, truth, tmp_path):
     # start() read the generation after its engines had started: a reload()

@@ -300,6 +300,22 @@ def test_roster_queues_waiting_calls_in_the_order_they_came():
     assert roster.waiting == 0 and roster.ahead_of(None, 0.0) == 0
 
 
+def test_after_its_first_part_a_waiting_call_comes_before_calls_with_earlier_deadlines():
+    roster = Roster()
+    long_call = roster.wait(5.0, deadline=50.0)  # first for 5 of its 50
+    assert roster.ahead_of(None, 1.0, deadline=11.0) == 1
+    assert roster.ahead_of(None, 6.0, deadline=16.0) == 1  # past its part, later deadline
+    assert roster.ahead_of(None, 45.0, deadline=55.0) == 0  # less time left than the caller
+    assert roster.ahead_of(None, 6.0, deadline=50.0) == 1  # as much: it came first
+    assert roster.ahead_of(None, 6.0) == 0  # a caller without a deadline
+    short_call = roster.wait(7.0, deadline=16.0)
+    assert roster.ahead_of(short_call, 8.0, deadline=16.0) == 1
+    assert roster.ahead_of(long_call, 8.0, deadline=50.0) == 0
+    no_deadline = roster.wait(None)
+    assert roster.ahead_of(None, 100.0, deadline=200.0) == 1  # only the call without one
+    roster.stop_waiting(no_deadline)
+
+
 def test_roster_shares_engines_fairly_and_prefers_engines_without_leftovers():
     roster = Roster()
     slots = [roster.add(object(), 0) for _ in range(4)]

@@ -202,6 +202,38 @@ def test_a_waiting_call_is_not_starved_by_a_caller_that_calls_back_to_back(train
         assert pool.stats()["engines"] == 1
 
 
+def test_a_waiting_call_with_a_longer_budget_is_not_starved_by_shorter_ones(trained_model,
+                                                                          truth):
+    # Found by a review: a waiting call came first for a tenth of its time
+    # only; a 50 ms call behind two threads calling a pool of one engine back
+    # to back with 10 ms deadlines saw its 5 ms run out before the engine was
+    # free, and then every new 10 ms call came before it: 28 of 40 got
+    # nothing. It now also comes before calls whose deadline is earlier.
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as pool:
+        stop = threading.Event()
+
+        def back_to_back():
+            while not stop.is_set():
+                pool.predict(common(0), items(3000), timeout=0.010)
+
+        threads = [threading.Thread(target=back_to_back) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        lengths = []
+        try:
+            time.sleep(0.05)
+            for _ in range(40):
+                got = pool.predict(common(1), items(3000), timeout=0.050)
+                assert got == truth[trained_model][1][:len(got)]
+                lengths.append(len(got))
+                time.sleep(0.010)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+    assert sum(1 for length in lengths if length) >= 30, lengths
+
+
 def test_a_call_that_finds_an_idle_engine_dead_returns_by_its_deadline(trained_model,
                                                                       tmp_path):
     # The error of an engine found dead while idle waited for the last lines
