@@ -306,6 +306,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 engine.set_pipe_size(self.pipe_buffer_size_bytes)
             if probes_teach is not None:
                 await self._await_blank_read(engine, deadline)
+                engine.after_blank = True
                 return engine
             exchange = startup_probe(self._outputs_per_line, deadline, self._probe_kind)
             mismatch = None

@@ -219,3 +219,58 @@ def test_which_arguments_keep_the_engine_from_probes():
     assert probes_would_teach(["-i", "m.vw", "--testonly"], ["--stage_poly"]) is None
     assert probes_would_teach(["--oaa", "3", "--nn", "3", "--dropout"], []) is None
     assert probes_would_teach(["--cb_explore_adf", "--bag", "3"], []) is None
+
+
+class BomFormatter(DictFormatter):
+    """Starts every example with a byte order mark, which vw drops where a line starts."""
+
+    def get_formatted_example(self, common_features, item_features, label=None, weight=None,
+                              debug_info=None):
+        return "\ufeff" + super().get_formatted_example(common_features, item_features,
+                                                        label=label, weight=weight,
+                                                        debug_info=debug_info)
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+@pytest.mark.parametrize("name", ["stage_poly", "active"])
+def test_a_first_line_that_starts_with_a_byte_order_mark_keeps_its_label(name, client_kind,
+                                                                          tmp_path):
+    """The start-up blank continues the first line sent: vw drops a byte
+    order mark only where a line starts, so after the blank the mark stayed,
+    the first label became '\\ufeff10', 'not a good float', and was read as 0."""
+    args = MOVED[name]
+    formatter = BomFormatter()
+    common, items = request(1)
+    train_labels = [10, 1, 1, -1, 1, 1]
+    lines = [formatter.get_formatted_example(FORMATTER.format_common_features(common),
+                                             FORMATTER.format_item_features(common, item),
+                                             label=label)
+             for item, label in zip(items, train_labels)]
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    want = first_token(engine_from_file(lines + test, args, tmp_path)[-len(test):])
+    client = Client(client_kind, formatter, args + ["--quiet"])
+    try:
+        client.train(common, items, train_labels)
+        assert predictions(client) == want
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("name", ["bootstrap", "stage_poly"])
+def test_a_write_only_trainers_first_line_with_a_byte_order_mark_keeps_its_label(name, tmp_path):
+    args = MOVED[name]
+    formatter = BomFormatter()
+    common, items = request(1)
+    train_labels = [10, 1, 1, -1, 1, 1]
+    with VowpalWabbitProcess(formatter, args + ["--quiet"], write_only=True) as trainer:
+        trainer.train(common, items, train_labels)
+        trainer.save(str(tmp_path / "online.vw"))
+    lines = [formatter.get_formatted_example(FORMATTER.format_common_features(common),
+                                             FORMATTER.format_item_features(common, item),
+                                             label=label)
+             for item, label in zip(items, train_labels)]
+    engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
+    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
+    assert online == from_file and online

@@ -46,7 +46,10 @@ PROBE_LINE = b"|\n\n"
 #: leading blank of the line that follows, so it is neither an example nor a
 #: line (the same model and answers, on vw's driver and the one-thread loop;
 #: an engine closed before any line reads it as a last, featureless example,
-#: after its learning). No answer is checked at such a start.
+#: after its learning). No answer is checked at such a start. A byte order
+#: mark that starts the next line is written as three spaces
+#: (:meth:`~subwabbit.engine_process.EngineProcess.write_some`): vw would
+#: keep it after the blank.
 START_BLANK = b" "
 
 #: Kinds of segments.
