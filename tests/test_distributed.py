@@ -376,6 +376,37 @@ def test_options_the_job_sets_are_refused(option):
         check_user_args(["--quiet", option, "x"])
 
 
+@pytest.mark.parametrize("option", ["-r", "--raw_predictions",
+                                    "--output_feature_regularizer_binary",
+                                    "--output_feature_regularizer_text", "--extra_metrics",
+                                    "--dump_json_weights_experimental"])
+def test_options_that_make_every_node_write_one_file_are_refused(option):
+    """Like --readable_model: every node would write the same path (found by
+    a review: -r and --extra_metrics left one node's file, the regularizer
+    outputs made the job fail after training, the binary one because vw then
+    writes no -f model)."""
+    with pytest.raises(ValueError, match=option):
+        check_user_args(["--quiet", option, "x"])
+    with pytest.raises(ValueError, match=option):
+        check_user_args(["--quiet", f"{option}=x" if option.startswith("--") else option + "x"])
+
+
+@pytest.mark.parametrize("bad,error", [
+    (dict(batch_size=0), ValueError), (dict(prediction_type="zzz"), ValueError),
+    (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError)],
+    ids=["batch_size", "prediction_type", "formatter", "unservable-reduction"])
+def test_arguments_the_nodes_would_refuse_are_refused_before_the_job(bad, error):
+    """Not by every node on the cluster, as a DistributedTrainingError (found
+    by a review): the client is not even asked for its workers."""
+    arguments = dict(formatter=VowpalWabbitDummyFormatter(), vw_args=ARGS)
+    arguments.update(bad)
+    options = {name: value for name, value in bad.items()
+               if name not in ("formatter", "vw_args")}
+    with pytest.raises(error):
+        run_job(None, [[]], arguments["formatter"], arguments["vw_args"], timeout_s=10,
+                **options)
+
+
 def test_node_args_add_allreduce_a_cache_for_passes_and_predict_only_for_bfgs():
     base = dict(span_server="10.0.0.1", span_server_port=4000, unique_id=3, total=2, node=1,
                 model_path="/m.vw", cache_path="/c")

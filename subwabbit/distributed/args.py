@@ -25,6 +25,14 @@ _JOB_OPTIONS: Dict[str, str] = {
     "--invert_hash": "every node would write the same path; write it from the trained "
                      "model (vw -i MODEL -t --invert_hash FILE)",
     "--save_per_pass": "the nodes' models stay on the workers",
+    "-r": "every node would write the same path",
+    "--raw_predictions": "every node would write the same path",
+    "--output_feature_regularizer_binary": "every node would write the same path (and vw "
+                                           "then writes no -f model)",
+    "--output_feature_regularizer_text": "every node would write the same path",
+    "--extra_metrics": "every node would write the same path",
+    "--dump_json_weights_experimental": "every node would write the same path; write it from "
+                                        "the trained model",
 }
 
 #: vw's batch learners, whose model vw 9 saves only with ``--predict_only_model``.

@@ -19,7 +19,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..base import VowpalWabbitBaseFormatter
+from ..client import _FORMATTER_METHODS
 from ..command import VwArgs
+from ..core.kinds import KINDS, refuse_unservable
 from ..deadlines import validate_seconds
 from .args import check_user_args
 from .errors import DistributedTrainingError
@@ -108,6 +110,22 @@ def _check_shards(shards: Any) -> List[Any]:
             raise TypeError(f"shards[{index}] must be an iterable of train() calls, "
                             f"got {type(shard).__name__}")
     return shards
+
+
+def _check_node_options(formatter: Any, tokens: List[str], batch_size: Any,
+                        prediction_type: Optional[str]) -> None:
+    """Refuse here what every node's process would refuse on its worker."""
+    missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
+    if missing:
+        raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
+                        f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
+                        f"{', '.join(missing)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if prediction_type is not None and prediction_type not in KINDS:
+        raise ValueError(f"prediction_type must be one of {', '.join(sorted(KINDS))}, "
+                         f"got {prediction_type!r}")
+    refuse_unservable(tokens)
 
 
 def _spread_over_workers(client: Any, count: int) -> List[str]:
@@ -199,14 +217,17 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
     :returns: the job's result
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time; every node's engine is stopped first
-    :raises ValueError: for arguments the job cannot use, or a cluster without workers
-    :raises TypeError: for shards that are not iterables
+    :raises ValueError: for arguments the job (or its nodes) cannot use, or a cluster
+        without workers; before anything is sent to the cluster
+    :raises TypeError: for shards that are not iterables, or a formatter without the
+        formatter's methods
     """
     distributed = _import_distributed()
     timeout_s = validate_seconds(timeout_s, "timeout_s", allow_none=False)  # type: ignore[assignment]
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
     tokens = check_user_args(vw_args)
+    _check_node_options(formatter, tokens, batch_size, prediction_type)
     sources = _check_shards(shards)
     total = len(sources)
     if total < 1:
