@@ -248,6 +248,35 @@ def test_rendezvous_sends_each_engine_its_place_in_the_tree():
         assert all(state.engine_at is not None for state in rendezvous.snapshot())
 
 
+def test_a_reproducible_chain_follows_the_node_numbers_wherever_the_nodes_run():
+    """Which machine runs which node (Dask may place them otherwise from run
+    to run) must not change the order of the sums: with the chain laid out
+    by the engines' addresses, nodes 0, 1, 2 on 127.0.0.3, .2, .1 were
+    summed ((v2 + v1) + v0) instead of ((v0 + v1) + v2) (found by a review)."""
+    with Rendezvous(78, 3, supervised=False, reproducible=True) as rendezvous:
+        engines = []
+        for node, source in ((0, "127.0.0.3"), (1, "127.0.0.2"), (2, "127.0.0.1")):
+            engine = FakeEngine.__new__(FakeEngine)
+            engine.sock = socket.socket()
+            engine.sock.settimeout(5)
+            engine.sock.bind((source, 0))
+            engine.sock.connect(("127.0.0.1", rendezvous.port))
+            engine.sock.sendall(struct.pack("<QQQ", 78, 3, node))
+            engines.append(engine)
+        assert [engine.ok() for engine in engines] == [1, 1, 1]
+        answers: Dict[int, tuple] = {}
+        threads = [threading.Thread(target=lambda e=engine, n=node: answers.__setitem__(
+            n, e.tree(30000 + n))) for node, engine in enumerate(engines)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+        assert [answers[node][0] for node in range(3)] == [0, 1, 1]
+        assert answers[0][2] == struct.pack("!H", 30001)  # node 0's parent is node 1
+        assert answers[1][2] == struct.pack("!H", 30002)  # node 1's parent is node 2
+        assert answers[2][1] + answers[2][2] == b"\xff" * 6  # node 2 is the root
+
+
 def test_rendezvous_refuses_another_jobs_engine_and_a_second_node_zero():
     with Rendezvous(5, 2, supervised=False) as rendezvous:
         stranger = FakeEngine(rendezvous, 6, 2, 0)

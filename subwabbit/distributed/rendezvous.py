@@ -164,9 +164,10 @@ class Rendezvous:
     :param supervised: whether each node's task also connects (see the module
         documentation); without, the tree is formed as soon as every engine
         has connected, as vw's own ``spanning_tree`` does
-    :param reproducible: lay the nodes in a chain instead of a binary tree, so
-        that every sum is added in one order and the same shards give the
-        same weights bit for bit (see :mod:`subwabbit.distributed.tree`)
+    :param reproducible: lay the nodes in a chain instead of a binary tree, in
+        the order of their numbers wherever they run, so that every sum is
+        added in one order and the same shards give the same weights bit for
+        bit (see :mod:`subwabbit.distributed.tree`)
     :raises OSError: when the address cannot be listened on
     :raises ValueError: for a unique id or total out of range
     """
@@ -194,6 +195,7 @@ class Rendezvous:
         self._ports_awaited = False
         self._positions: Dict[int, int] = {}
         self._layout = chain_layout(total) if reproducible else tree_layout(total)
+        self._reproducible = reproducible
         self._engine_lost: Optional[Tuple[float, int, str]] = None
         self._aborted = False
         self._stopping = False
@@ -449,8 +451,11 @@ class Rendezvous:
         if self.supervised and any(state.fed_at is None for state in self.nodes):
             return
         layout = self._layout
-        order = sorted(self._engines, key=lambda node: (
-            socket.inet_aton(self._engines[node].peer), node))
+        if self._reproducible:  # the order of the sums must not depend on where nodes run
+            order = sorted(self._engines)
+        else:  # neighbours on one machine, as vw's spanning_tree does
+            order = sorted(self._engines, key=lambda node: (
+                socket.inet_aton(self._engines[node].peer), node))
         self._positions = {node: position for position, node in enumerate(order)}
         self._ports_awaited = True
         for node, position in self._positions.items():
