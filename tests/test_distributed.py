@@ -420,6 +420,13 @@ def test_options_that_make_every_node_write_one_file_are_refused(option):
         check_user_args(["--quiet", f"{option}=x" if option.startswith("--") else option + "x"])
 
 
+@pytest.mark.parametrize("option", ["-t", "--testonly"])
+def test_test_only_is_refused(option):
+    # A job with -t returned a model that had learnt nothing (found by a review).
+    with pytest.raises(ValueError, match="learn nothing"):
+        check_user_args(["--quiet", option])
+
+
 @pytest.mark.parametrize("bad,error", [
     (dict(batch_size=0), ValueError), (dict(prediction_type="zzz"), ValueError),
     (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError)],

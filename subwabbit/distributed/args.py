@@ -33,6 +33,10 @@ _JOB_OPTIONS: Dict[str, str] = {
     "--extra_metrics": "every node would write the same path",
     "--dump_json_weights_experimental": "every node would write the same path; write it from "
                                         "the trained model",
+    "-t": "a job trains: with it the nodes learn nothing and the model is the one they began "
+          "with",
+    "--testonly": "a job trains: with it the nodes learn nothing and the model is the one "
+                  "they began with",
 }
 
 #: vw's batch learners, whose model vw 9 saves only with ``--predict_only_model``.
