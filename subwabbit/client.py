@@ -60,6 +60,21 @@ CONTENTION_LOG_INTERVAL_S = 60.0
 _FORMATTER_METHODS = ("format_common_features", "format_item_features")
 
 
+def check_formatter_and_batch_size(formatter: Any, batch_size: Any) -> None:
+    """Check a client's ``formatter`` and ``batch_size`` arguments.
+
+    :raises TypeError: for a formatter without the formatter methods
+    :raises ValueError: for a ``batch_size`` that is not a positive int
+    """
+    missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
+    if missing:
+        raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
+                        f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
+                        f"{', '.join(missing)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
 class ReloadPlan(NamedTuple):
     """What a ``reload()`` switches to, worked out before any engine starts."""
 
@@ -100,14 +115,7 @@ class ClientBase:
                    metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                    io_timeout_s: Optional[float], restart_on_crash: bool,
                    restart_after_fork: bool, prediction_type: Optional[str] = None) -> None:
-        missing = [name for name in _FORMATTER_METHODS
-                   if not callable(getattr(formatter, name, None))]
-        if missing:
-            raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
-                            f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
-                            f"{', '.join(missing)}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_formatter_and_batch_size(formatter, batch_size)
         if write_only and audit_mode:
             raise ValueError("write_only and audit_mode exclude each other: audit mode reads "
                              "the engine's output")

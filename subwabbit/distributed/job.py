@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..base import VowpalWabbitBaseFormatter
-from ..client import _FORMATTER_METHODS
+from ..client import check_formatter_and_batch_size
 from ..command import VwArgs
 from ..core.kinds import KINDS, refuse_unservable
 from ..deadlines import validate_seconds
@@ -115,13 +115,7 @@ def _check_shards(shards: Any) -> List[Any]:
 def _check_node_options(formatter: Any, tokens: List[str], batch_size: Any,
                         prediction_type: Optional[str]) -> None:
     """Refuse here what every node's process would refuse on its worker."""
-    missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
-    if missing:
-        raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
-                        f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
-                        f"{', '.join(missing)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_formatter_and_batch_size(formatter, batch_size)
     if prediction_type is not None and prediction_type not in KINDS:
         raise ValueError(f"prediction_type must be one of {', '.join(sorted(KINDS))}, "
                          f"got {prediction_type!r}")
