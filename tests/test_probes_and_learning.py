@@ -85,6 +85,13 @@ def predictions(client: Any) -> List[Any]:
     return [float(value) for values in got for value in values]
 
 
+def assert_same_models(args: List[str], online: Any, from_file: Any, tmp_path: Any) -> None:
+    """The two model files predict the same on the test requests."""
+    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
+    got = engine_from_file(test, ["-i", str(online), "-t"], tmp_path)
+    assert got == engine_from_file(test, ["-i", str(from_file), "-t"], tmp_path) and got
+
+
 @pytest.mark.parametrize("client_kind", ALL_KINDS)
 @pytest.mark.parametrize("name", list(MOVED))
 def test_the_start_up_check_teaches_a_learning_model_nothing(name, client_kind, tmp_path):
@@ -106,10 +113,7 @@ def test_a_write_only_trainer_saves_the_model_the_file_trains(name, tmp_path):
         trainer.save(str(tmp_path / "online.vw"))
     lines = [line for index in TRAIN for line in file_lines(args, index)]
     engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
-    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
-    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
-    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
-    assert online == from_file and online
+    assert_same_models(args, tmp_path / "online.vw", tmp_path / "file.vw", tmp_path)
 
 
 @pytest.mark.parametrize("name", ["bootstrap", "stage_poly"])
@@ -120,10 +124,7 @@ def test_the_final_model_is_the_one_the_file_trains(name, tmp_path):
         train_all(trainer, args)
     lines = [line for index in TRAIN for line in file_lines(args, index)]
     engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
-    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
-    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
-    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
-    assert online == from_file and online
+    assert_same_models(args, tmp_path / "online.vw", tmp_path / "file.vw", tmp_path)
 
 
 #: Models whose learning a save() in the middle of training must not move
@@ -270,7 +271,4 @@ def test_a_write_only_trainers_first_line_with_a_byte_order_mark_keeps_its_label
                                              label=label)
              for item, label in zip(items, train_labels)]
     engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
-    test = [line for index, size in TEST for line in file_lines(args, index, size, False)]
-    online = engine_from_file(test, ["-i", str(tmp_path / "online.vw"), "-t"], tmp_path)
-    from_file = engine_from_file(test, ["-i", str(tmp_path / "file.vw"), "-t"], tmp_path)
-    assert online == from_file and online
+    assert_same_models(args, tmp_path / "online.vw", tmp_path / "file.vw", tmp_path)
