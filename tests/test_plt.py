@@ -1,5 +1,7 @@
 """VowpalWabbitPLTProcess against the real engine."""
 
+import pytest
+
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitPLTProcess
 
 from conftest import engine_from_file
@@ -28,3 +30,31 @@ def test_2x_import_paths_still_work():
     import subwabbit  # pylint: disable=import-outside-toplevel
     assert old_path is subwabbit.VowpalWabbitPLTProcess
     assert base_error is subwabbit.VowpalWabbitError
+
+
+def test_labels_vw_would_misread_are_refused_before_anything_is_sent(tmp_path):
+    """vw reads the label 'a' of --plt as 0, '1.5' as 1, learns nothing right
+    from a label out of range and nothing from a weighted line: each is
+    refused, and the model is the engine's on the good lines alone."""
+    good = [("|f a b", "0,1"), ("|f c", 2), ("|f a d", [0, 3]), ("|f e", "5")] * 3
+    probe = ["|f a", "|f c", "|f e"]
+    expected = [line.decode().strip() for line in engine_from_file(
+        [f"{label if isinstance(label, (str, int)) else ','.join(map(str, label))} {features}"
+         for features, label in good] + [" " + p for p in probe],
+        ARGS, tmp_path)[len(good):]]
+    with VowpalWabbitPLTProcess(VowpalWabbitDummyFormatter(), ARGS) as process:
+        for labels, error in ((["a"], ValueError), (["1.5"], ValueError), (["6"], ValueError),
+                              ([6], ValueError), (["0,7"], ValueError), (["0 1"], ValueError),
+                              ([None], ValueError), ([1.0], TypeError)):
+            with pytest.raises(error, match=r"labels\[0\]"):
+                process.train("", ["|f a"], labels)
+        with pytest.raises(ValueError, match="weight"):
+            process.train("", ["|f a"], ["1"], [2.0])
+        process.train("", [features for features, _ in good], [label for _, label in good])
+        assert list(process.predict("", probe)) == expected
+
+
+def test_without_a_multilabel_reduction_labels_are_as_for_a_scalar_model():
+    with VowpalWabbitPLTProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as process:
+        process.train("", ["|f a", "|f b"], ["1", 0.5], [2.0, None])
+        assert len(list(process.predict("", ["|f a"]))) == 1

@@ -316,11 +316,31 @@ class ScalarKind(PredictionKind):
 
 class LabelStringsKind(PredictionKind):
     """The label string the engine prints (``'0,1'``, ``''`` for none), as
-    :class:`~subwabbit.plt.VowpalWabbitPLTProcess` gave in subwabbit 2.x;
-    labels as for a scalar model (numbers or label strings)."""
+    :class:`~subwabbit.plt.VowpalWabbitPLTProcess` gave in subwabbit 2.x.
+    With a multilabel reduction (``--plt K``, ``--multilabel_oaa K``:
+    ``count`` is ``K``) labels are checked as :class:`MultilabelKind`
+    checks them (label strings such as ``'0,1'``, ints, lists of ints, all
+    from 0 to K-1; no weights): vw reads ``'a'`` as label 0, ``'1.5'`` as 1,
+    learns nothing right from a label out of range and nothing at all from
+    a weighted line. Without one, labels as for a scalar model (numbers or
+    label strings)."""
 
     name = LABEL_STRINGS
     gives = "a label string such as '0,1'"
+
+    def __init__(self, origin: str = "", count: Optional[int] = None) -> None:
+        super().__init__(origin)
+        self.count = count
+        if count is not None:
+            self.weighted = False
+
+    def check_labels(self, labels: List[Any]) -> List[Any]:
+        if self.count is None:
+            return super().check_labels(labels)
+        for index, label in enumerate(labels):
+            if label is None:  # a ValueError, as for every label kind of 2.x
+                raise ValueError(f"labels[{index}] is None; every trained item needs a label")
+        return MultilabelKind(self.origin, self.count).check_labels(labels)
 
     def parse_line(self, line: bytes) -> Any:
         if not line:
@@ -991,7 +1011,8 @@ def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> P
     if chosen == CB_EXPLORE_ADF:
         return ExploreAdfKind(origin)
     if chosen == LABEL_STRINGS:
-        return LabelStringsKind(origin)
+        # (a count: the multilabel reduction's K, whose labels are checked)
+        return LabelStringsKind(origin, count)
     return ScalarKind(origin)
 
 
