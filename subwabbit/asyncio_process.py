@@ -25,7 +25,7 @@ from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait
 from .engine_process import EngineProcess, shutdown_schedule
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
-from .lines import check_line, parse_scalar
+from .lines import audit_line, parse_scalar
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
 from .saving import ModelSave
@@ -807,7 +807,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         del link_function
         if not self.audit_mode:
             raise VowpalWabbitError("explain_vw_line() needs a process created with audit_mode=True")
-        check_line(vw_line)
+        vw_line = audit_line(vw_line)
         await self._call(None)
         try:
             assert self._channel is not None

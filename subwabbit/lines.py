@@ -124,6 +124,20 @@ def check_line(line: str, index: int = 0) -> None:
                 "vw answers nothing to an empty line", "an example")
 
 
+def audit_line(vw_line: str) -> str:
+    """The example ``explain_vw_line`` sends: ``vw_line`` without one
+    trailing newline (``\\n`` or ``\\r\\n``, as a line read from a file ends;
+    subwabbit 2.x stripped it), checked with :func:`check_line`.
+
+    :raises TypeError: when ``vw_line`` is not a string
+    :raises ValueError: for a line break inside it, an empty line or a save command
+    """
+    if isinstance(vw_line, str) and vw_line.endswith("\n"):
+        vw_line = vw_line[:-2] if vw_line.endswith("\r\n") else vw_line[:-1]
+    check_line(vw_line)
+    return vw_line
+
+
 class CheckedLines(List[str]):
     """Lines already checked with :func:`check_lines` (or an equivalent check
     of their parts): :func:`encode_lines` does not check them again."""

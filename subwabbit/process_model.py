@@ -25,7 +25,7 @@ from .deadlines import deadline_from_timeout, required_seconds, warn_if_millisec
 from .engine_process import EngineProcess
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
-from .lines import check_line, parse_scalar
+from .lines import audit_line, parse_scalar
 from .saving import ModelSave
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
@@ -771,7 +771,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         together, so calls can follow each other indefinitely. A labelled line
         also trains the model unless the engine runs with ``-t``.
 
-        :param vw_line: one example in VW text format
+        :param vw_line: one example in VW text format (one trailing newline, as a
+            line read from a file has, is dropped, as subwabbit 2.x did)
         :param link_function: accepted for compatibility with subwabbit 2.x;
             the output shape no longer depends on it
         :returns: ``(raw prediction, explanation string)``, the explanation being
@@ -783,7 +784,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         del link_function
         if not self.audit_mode:
             raise VowpalWabbitError("explain_vw_line() needs a process created with audit_mode=True")
-        check_line(vw_line)
+        vw_line = audit_line(vw_line)
         self._check_usable()
         with self._call():
             _, channel = self._engine_or_raise()

@@ -214,3 +214,24 @@ def test_the_explaining_notebook_way(tmp_path):
         max((row["potential"] for row in rows), key=abs))
     assert {row["original_feature_name"] for row in rows} >= {"u^u1", "i^i2", "u^u1*i^i2"}
     assert "<table" in html._repr_html_()
+
+
+def test_explain_vw_line_takes_a_line_read_from_a_file_as_2x_did(tmp_path):
+    """2.x stripped the newline of a line read from a file; the same line
+    without it is explained the same, and a line break inside still raises."""
+    import asyncio  # pylint: disable=import-outside-toplevel
+    from subwabbit import AsyncVowpalWabbitProcess  # pylint: disable=import-outside-toplevel
+    args = ["-q", "ui", "--quiet", "-t"]
+    with VowpalWabbitProcess(UserItemFormatter(), args, audit_mode=True) as model:
+        plain = model.explain_vw_line("|u u1 |i i2")
+        assert model.explain_vw_line("|u u1 |i i2\n") == plain
+        assert model.explain_vw_line("|u u1 |i i2\r\n") == plain
+        for bad in ("|u u1\n|i i2", "|u u1 |i i2\n\n", "\n"):
+            with pytest.raises(ValueError):
+                model.explain_vw_line(bad)
+        assert model.explain_vw_line("|u u1 |i i2") == plain
+
+    async def explain():
+        async with AsyncVowpalWabbitProcess(UserItemFormatter(), args, audit_mode=True) as model:
+            return await model.explain_vw_line("|u u1 |i i2\n")
+    assert asyncio.run(explain()) == plain
