@@ -46,6 +46,11 @@ DEFAULT_IO_TIMEOUT_S = 30.0
 #: score, the features, the prediction.
 AUDIT_LINES_PER_EXAMPLE = 3
 
+#: Metrics a ``predict`` call sets only on some of its ways (see
+#: :meth:`ClientBase._prepare_metrics`).
+_CALL_ONLY_METRICS = ("prepare_time", "total_time", "cleanup_time",
+                      "before_cleanup_pending_lines", "after_cleanup_pending_lines")
+
 #: How long a client dropped without ``close()`` (``__del__``, interpreter
 #: exit) waits for an engine that writes a ``-f`` model to finish it. The
 #: engine needs to learn what is left in the pipe (a pipe holds at most 1 MiB)
@@ -263,6 +268,11 @@ class ClientBase:
         if metrics is None and self.metrics_hook is not None:
             metrics = {}
         if metrics is not None:
+            # A dict reused across calls: drop what only some calls set (one
+            # that returns before it begins sets no prepare_time), so that it
+            # never shows an earlier call's value as this one's.
+            for key in _CALL_ONLY_METRICS:
+                metrics.pop(key, None)
             metrics["num_lines"] = 0
             metrics["restarts"] = 0
             metrics["engine_failures"] = 0

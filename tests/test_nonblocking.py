@@ -180,3 +180,35 @@ def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_p
     # (one or two calls that the machine's load left without a line are not
     # what this tests: before, most calls returned nothing)
     assert sum(1 for length in lengths[6:] if length == 0) <= 2, lengths
+
+
+def test_a_reused_metrics_dict_holds_only_this_calls_metrics(model):
+    """A call that returns before it begins (another thread's call holds the
+    process until its deadline) leaves no metric of an earlier call in a
+    dict reused across calls: it holds what a fresh dict would."""
+    import threading  # pylint: disable=import-outside-toplevel
+    reused = {}
+    assert len(list(model.predict(COMMON, items(40), metrics=reused))) == 40
+    assert "prepare_time" in reused
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        iterator = model.predict(COMMON, items(100))
+        next(iterator)
+        held.set()
+        release.wait(10)
+        iterator.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        fresh = {}
+        assert list(model.predict(COMMON, items(10), timeout=0.02, metrics=fresh)) == []
+        assert list(model.predict(COMMON, items(10), timeout=0.02, metrics=reused)) == []
+    finally:
+        release.set()
+        holder.join(10)
+    assert "prepare_time" not in fresh
+    assert set(reused) == set(fresh)
+    assert reused["before_cleanup_pending_lines"] == fresh["before_cleanup_pending_lines"]
