@@ -36,16 +36,18 @@ def test_labels_vw_would_misread_are_refused_before_anything_is_sent(tmp_path):
     """vw reads the label 'a' of --plt as 0, '1.5' as 1, learns nothing right
     from a label out of range and nothing from a weighted line: each is
     refused, and the model is the engine's on the good lines alone."""
-    good = [("|f a b", "0,1"), ("|f c", 2), ("|f a d", [0, 3]), ("|f e", "5")] * 3
+    # (a whole float was a label in 2.x: vw reads 2.0 as 2)
+    good = [("|f a b", "0,1"), ("|f c", 2), ("|f a d", [0, 3]), ("|f e", "5"), ("|f c", 2.0)] * 3
     probe = ["|f a", "|f c", "|f e"]
     expected = [line.decode().strip() for line in engine_from_file(
-        [f"{label if isinstance(label, (str, int)) else ','.join(map(str, label))} {features}"
+        [f"{label if isinstance(label, (str, int, float)) else ','.join(map(str, label))} "
+         f"{features}"
          for features, label in good] + [" " + p for p in probe],
         ARGS, tmp_path)[len(good):]]
     with VowpalWabbitPLTProcess(VowpalWabbitDummyFormatter(), ARGS) as process:
         for labels, error in ((["a"], ValueError), (["1.5"], ValueError), (["6"], ValueError),
                               ([6], ValueError), (["0,7"], ValueError), (["0 1"], ValueError),
-                              ([None], ValueError), ([1.0], TypeError)):
+                              ([None], ValueError), ([1.5], TypeError)):
             with pytest.raises(error, match=r"labels\[0\]"):
                 process.train("", ["|f a"], labels)
         with pytest.raises(ValueError, match="weight"):

@@ -340,6 +340,9 @@ class LabelStringsKind(PredictionKind):
         for index, label in enumerate(labels):
             if label is None:  # a ValueError, as for every label kind of 2.x
                 raise ValueError(f"labels[{index}] is None; every trained item needs a label")
+        # A whole float (2.0) was a label in 2.x, and vw reads it as the int.
+        labels = [int(label) if type(label) is float and label.is_integer() else label
+                  for label in labels]
         return MultilabelKind(self.origin, self.count).check_labels(labels)
 
     def parse_line(self, line: bytes) -> Any:
