@@ -278,7 +278,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                     "started")
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
-        self._channel = self._new_channel()
+        self._channel = self._new_channel(engine.started_with_blank)
         self._owner_pid = engine.owner_pid
         self._broken = None
         if self._ever_started:
@@ -306,7 +306,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 engine.set_pipe_size(self.pipe_buffer_size_bytes)
             if probes_teach is not None:
                 await self._await_blank_read(engine, deadline)
-                engine.after_blank = True
+                engine.started_with_blank = True
                 return engine
             exchange = startup_probe(self._outputs_per_line, deadline, self._probe_kind)
             mismatch = None

@@ -242,9 +242,10 @@ class ClientBase:
 
     # ------------------------------------------------------------ channel
 
-    def _new_channel(self) -> Channel:
-        """A channel for a newly started engine, laid out for the model's kind."""
-        return Channel(self._outputs_per_line, self.prediction_kind.multi_line)
+    def _new_channel(self, after_blank: bool = False) -> Channel:
+        """A channel for a newly started engine, laid out for the model's kind
+        (``after_blank``: see :class:`~subwabbit.core.channel.Channel`)."""
+        return Channel(self._outputs_per_line, self.prediction_kind.multi_line, after_blank)
 
     @property
     def _probe_kind(self) -> Optional[PredictionKind]:

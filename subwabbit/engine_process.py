@@ -279,9 +279,9 @@ class EngineProcess:
         self.prints_answers = prints_answers
         self._stderr_tail: Deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
         self._closed = False
-        #: set once the engine read a start-up blank (core.channel.START_BLANK),
-        #: which the next line written continues (see write_some)
-        self.after_blank = False
+        #: whether the engine was started with a blank (core.channel.START_BLANK),
+        #: which the first line written continues (see core.channel.Channel)
+        self.started_with_blank = False
         self._abandoned = False
         self._killed_by_us = False
         self._failure_reported = False
@@ -401,14 +401,6 @@ class EngineProcess:
         if self._closed:
             raise self._closed_error()
         try:
-            if self.after_blank and data:
-                # The blank starts the first line, where vw drops a byte order
-                # mark; after the blank it would stay, in the header (a label
-                # '\ufeff1' is read as 0): three spaces stand for it instead.
-                head = b"   " if data[:3] == b"\xef\xbb\xbf" else None
-                written = os.write(self.stdin_fd, data if head is None else head)
-                self.after_blank = False
-                return written
             return os.write(self.stdin_fd, data)
         except BlockingIOError:
             return 0

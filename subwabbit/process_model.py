@@ -202,7 +202,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
                                     "started")
         self._abandon_channel("the process moved to another engine")
-        self._channel = self._new_channel()
+        self._channel = self._new_channel(engine.started_with_blank)
         self._owner_pid = engine.owner_pid
 
     # ------------------------------------------------------- subclass hooks

@@ -98,7 +98,7 @@ def start_engine(argv: List[str], outputs_per_line: int, startup_timeout_s: floa
     try:
         if blank:
             await_input_consumed(engine, deadline, START_BLANK)
-            engine.after_blank = True
+            engine.started_with_blank = True
         elif outputs_per_line:
             check_answers_probe(engine, outputs_per_line, deadline, kind)
         else:

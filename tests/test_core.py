@@ -903,3 +903,25 @@ def test_reach_pacing_takes_an_infinite_deadline():
     for _ in range(5):
         exchange.step(0.0)
     assert channel.in_flight_lines == 100
+
+
+def _written(channel):
+    sent = []
+    channel.write_with(lambda view: sent.append(bytes(view)) or len(view))
+    return b"".join(sent)
+
+
+@pytest.mark.parametrize("after_blank", [True, False])
+def test_a_byte_order_mark_that_continues_the_start_up_blank_is_sent_as_spaces(after_blank):
+    # vw drops a byte order mark only where a line starts; after the start-up
+    # blank it would stay in the first line's header. Three spaces, as long
+    # as the mark, keep the channel's byte counts.
+    channel = Channel(1, after_blank=after_blank)
+    call = channel.begin()
+    call.queue_lines(["\ufeff1 |a x", "\ufeff2 |a y"])
+    written = _written(channel)
+    first = b"   " if after_blank else "\ufeff".encode()
+    assert written == first + b"1 |a x\n" + "\ufeff".encode() + b"2 |a y\n"
+    assert channel.bytes_written == len(written)
+    call.queue_lines(["\ufeff3 |a z"])  # only the first bytes queued continue the blank
+    assert _written(channel) == "\ufeff3 |a z\n".encode()

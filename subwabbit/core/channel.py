@@ -48,9 +48,14 @@ PROBE_LINE = b"|\n\n"
 #: an engine closed before any line reads it as a last, featureless example,
 #: after its learning). No answer is checked at such a start. A byte order
 #: mark that starts the next line is written as three spaces
-#: (:meth:`~subwabbit.engine_process.EngineProcess.write_some`): vw would
-#: keep it after the blank.
+#: (see :class:`Channel`'s ``after_blank``): vw would keep it after the
+#: blank.
 START_BLANK = b" "
+
+#: A UTF-8 byte order mark, and the three spaces that stand for it where a
+#: line continues :data:`START_BLANK`.
+_BOM = "\ufeff".encode("utf-8")
+_BOM_SPACES = b"   "
 
 #: Kinds of segments.
 EXAMPLES = "examples"
@@ -212,13 +217,17 @@ class Channel:
         :attr:`PredictionKind.answer_lines <subwabbit.core.kinds.PredictionKind.answer_lines>`
     :param multi_line: whether an example is several lines ended by an empty
         line (:meth:`Call.queue_example`) instead of one line (:meth:`Call.queue_lines`)
+    :param after_blank: whether the engine was started with
+        :data:`START_BLANK`, which the first bytes queued continue
     """
 
-    def __init__(self, outputs_per_line: int = 1, multi_line: bool = False) -> None:
+    def __init__(self, outputs_per_line: int = 1, multi_line: bool = False,
+                 after_blank: bool = False) -> None:
         if outputs_per_line < 0:
             raise ValueError("outputs_per_line must not be negative")
         self.outputs_per_line = outputs_per_line
         self.multi_line = multi_line
+        self._after_blank = after_blank
         self._out = bytearray()   # bytes queued and not yet cut off after writing
         self._out_off = 0         # index in _out of the first byte not written
         self._out_base = 0        # stream position of _out[0]
@@ -362,6 +371,13 @@ class Channel:
         self._changing -= 1
 
     def _queue(self, call: Call, kind: str, data: bytes, lines: int, whole: bool = False) -> None:
+        if self._after_blank:
+            # The blank starts the first line, where vw drops a byte order
+            # mark; after the blank it would stay, in the header (a label
+            # '\ufeff1' is read as 0): three spaces, as long, stand for it.
+            self._after_blank = False
+            if data.startswith(_BOM):
+                data = _BOM_SPACES + data[len(_BOM):]
         self._changing += 1
         start = self._out_base + len(self._out)
         self._out += data
