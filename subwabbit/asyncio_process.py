@@ -18,7 +18,7 @@ from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
 from .command import VwArgs
 from .core.channel import START_BLANK, Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
-                             ProbeExchange, SendExchange, format_common_part,
+                             SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
@@ -29,8 +29,8 @@ from .lines import audit_line, parse_scalar
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
 from .saving import ModelSave
-from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, pump,
-                       startup_probe, torn_channel_error)
+from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
+                       pump, startup_probe, torn_channel_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -741,27 +741,18 @@ class AsyncVowpalWabbitProcess(ClientBase):
             save = ModelSave(str(path))
             written_before = channel.bytes_written
             done = False
-            # No probe follows the save command where the engine would learn
-            # from it (see probes_would_teach): the file is awaited instead.
-            probe = self._probes_teach is None
             try:
-                exchange: Exchange = ProbeExchange(
-                    channel, channel.begin(keep=False), deadline, self.io_timeout_s,
-                    control=self._save_command(save), probe=probe)
-                await self._run(exchange)
-                if not exchange.timed_out and not probe and channel.stale_lines:
-                    # Read (and drop) what earlier calls left in flight: an
-                    # engine blocked writing it would never reach the save.
-                    exchange = CleanupExchange(channel, channel.begin(keep=False), deadline,
-                                               self.io_timeout_s)
+                timed_out = False
+                for exchange in self._save_exchanges(channel, save, deadline):
                     await self._run(exchange)
-                if exchange.timed_out:
+                    timed_out = exchange.timed_out
+                if timed_out:
                     error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
                     engine.add_context(error)
                     self._fail(error)
                     raise error
-                if not probe:
-                    await self._await_file(engine, save, deadline)
+                if not self._save_probes:
+                    await self._await_file(engine, save, self._save_file_limit(deadline))
                 save.finish(engine)
                 done = True
             finally:
@@ -771,25 +762,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._turn.release()
 
     async def _await_file(self, engine: EngineProcess, save: ModelSave,
-                          deadline: Optional[float]) -> None:
+                          limit: Optional[float]) -> None:
         """Wait, yielding to the loop, until the engine has written the
-        save's file (a save with no probe after it: the engine has only
-        the lines before the save to learn, so ``io_timeout_s`` bounds the
-        whole wait, as :func:`~subwabbit.sync_driver.wait_for_file` does)."""
-        limit = deadline
-        if self.io_timeout_s is not None:
-            idle_end = _clock() + self.io_timeout_s
-            limit = idle_end if limit is None else min(limit, idle_end)
+        save's file or ``limit`` passes (a save with no probe after it; the
+        loop of :func:`~subwabbit.sync_driver.wait_for_file`)."""
         delay = 0.0005
         while not save.written():
-            error: Optional[VowpalWabbitError] = None
-            if engine.returncode is not None:
-                error = engine.exited_error(f"the vw engine exited while saving the model to "
-                                            f"{save.target}")
-            elif limit is not None and _clock() >= limit:
-                error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}",
-                                                 argv=engine.argv,
-                                                 stderr_tail=engine.stderr_tail())
+            error = file_wait_error(engine, limit, f"saving the model to {save.target}")
             if error is not None:
                 engine.add_context(error)
                 self._fail(error)

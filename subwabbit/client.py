@@ -17,13 +17,15 @@ import threading
 import time
 import weakref
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 from .base import VowpalWabbitBaseFormatter, example_joiner
 from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
 from .engine.program import option_name
 from .core.channel import Channel
-from .core.exchanges import Pacing, check_item_parts, format_common_part
+from .core.exchanges import (CleanupExchange, Exchange, Pacing, ProbeExchange, check_item_parts,
+                             format_common_part)
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
                          learns_by_line_count, probes_would_teach, refuse_in_audit_mode)
 from .model_file import saved_options_of
@@ -239,6 +241,38 @@ class ClientBase:
         ``--lrq`` one save in a stream of training lines changed every later
         update; found by a review). A save's probe is two lines."""
         return [save.command, b"\n"] if self._counts_lines else [save.command]
+
+    @property
+    def _save_probes(self) -> bool:
+        """Whether a save command is followed by a probe, whose answer shows
+        the save done: not on a write-only engine (it answers none), nor on
+        one the probe would teach (see
+        :func:`~subwabbit.core.kinds.probes_would_teach`); those wait for
+        the file instead (:meth:`_save_file_limit`)."""
+        return not self.write_only and self._probes_teach is None
+
+    def _save_exchanges(self, channel: Channel, save: ModelSave,
+                        deadline: Optional[float]) -> Iterator[Exchange]:
+        """The exchanges of a save, for the driver to run one after the
+        other: the save command (and its probe, see :attr:`_save_probes`);
+        without a probe, then the answers earlier calls left in flight, read
+        and dropped, as an engine blocked writing them would never reach the
+        save. The save timed out if one of them did."""
+        probe = self._save_probes
+        exchange = ProbeExchange(channel, channel.begin(keep=False), deadline, self.io_timeout_s,
+                                 control=self._save_command(save), probe=probe)
+        yield exchange
+        if not exchange.timed_out and not probe and channel.stale_lines:
+            yield CleanupExchange(channel, channel.begin(keep=False), deadline, self.io_timeout_s)
+
+    def _save_file_limit(self, deadline: Optional[float]) -> Optional[float]:
+        """Until when a save with no probe waits for its file: the engine
+        has at most a pipe's worth of examples to learn before the save, so
+        ``io_timeout_s`` bounds the whole wait (as well as ``deadline``)."""
+        if self.io_timeout_s is None:
+            return deadline
+        idle_end = time.perf_counter() + self.io_timeout_s
+        return idle_end if deadline is None else min(deadline, idle_end)
 
     # ------------------------------------------------------------ channel
 

@@ -19,7 +19,7 @@ from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase, 
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
-                             ProbeExchange, SendExchange, format_common_part,
+                             SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess
@@ -725,33 +725,18 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             save = ModelSave(str(path))
             written_before = channel.bytes_written
             done = False
-            # No probe follows the save command where the engine would learn
-            # from it (see probes_would_teach): the file is awaited instead.
-            probe = not self.write_only and self._probes_teach is None
             try:
-                exchange: Exchange = ProbeExchange(
-                    channel, channel.begin(keep=False), deadline, self.io_timeout_s,
-                    control=self._save_command(save), probe=probe)
-                self._run(exchange)
-                if not exchange.timed_out and not probe and channel.stale_lines:
-                    # Read (and drop) what earlier calls left in flight: an
-                    # engine blocked writing it would never reach the save.
-                    exchange = CleanupExchange(channel, channel.begin(keep=False), deadline,
-                                               self.io_timeout_s)
+                timed_out = False
+                for exchange in self._save_exchanges(channel, save, deadline):
                     self._run(exchange)
-                if exchange.timed_out:
+                    timed_out = exchange.timed_out
+                if timed_out:
                     error = VowpalWabbitTimeoutError(f"timed out saving the model to {save.target}")
                     self._fail(error)
                     raise error
-                if not probe:
-                    # The engine has at most a pipe's worth of examples to
-                    # learn before the save: io_timeout_s bounds the whole wait.
-                    limit = deadline
-                    if self.io_timeout_s is not None:
-                        idle_end = time.perf_counter() + self.io_timeout_s
-                        limit = idle_end if limit is None else min(limit, idle_end)
+                if not self._save_probes:
                     try:
-                        wait_for_file(engine, save.written, limit,
+                        wait_for_file(engine, save.written, self._save_file_limit(deadline),
                                       f"saving the model to {save.target}")
                     except ENGINE_FAILURES as exc:
                         self._fail(exc)

@@ -15,9 +15,8 @@ from .core.channel import PROBE_LINE, START_BLANK, Channel
 from .core.exchanges import Exchange, WarmUpExchange
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
-from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                     VowpalWabbitTimeoutError)
-from .transfer import check_probe_result, pump, startup_probe
+from .errors import VowpalWabbitEngineExitedError, VowpalWabbitProtocolError
+from .transfer import check_probe_result, file_wait_error, pump, startup_probe
 
 logger = logging.getLogger("subwabbit")
 
@@ -204,11 +203,9 @@ def wait_for_file(engine: EngineProcess, exists: Callable[[], bool], deadline: O
     """
     delay = 0.0005
     while not exists():
-        if engine.returncode is not None:
-            raise engine.exited_error(f"the vw engine exited while {what}")
-        if deadline is not None and _clock() >= deadline:
-            raise VowpalWabbitTimeoutError(f"timed out {what}", argv=engine.argv,
-                                           stderr_tail=engine.stderr_tail())
+        error = file_wait_error(engine, deadline, what)
+        if error is not None:
+            raise error
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
 

@@ -12,8 +12,8 @@ from .core.channel import Channel
 from .core.exchanges import ProbeExchange
 from .core.kinds import PredictionKind
 from .engine_process import EngineProcess
-from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError,
-                     VowpalWabbitTimeoutError)
+from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError,
+                     VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 
 _clock = time.perf_counter
 
@@ -113,3 +113,19 @@ def check_probe_result(engine: EngineProcess, exchange: ProbeExchange,
                         f"model ({kind.origin}). A model file carries its reductions: pass "
                         "prediction_type= to say which kind of model it is")
         raise engine.startup_error(message, b"\n".join(answer), wait_for_exit=False)
+
+
+def file_wait_error(engine: EngineProcess, deadline: Optional[float],
+                    what: str) -> Optional[VowpalWabbitError]:
+    """What ends a wait for a file the engine writes (a save with no answer)
+    before the file appears: its exit, or ``deadline`` passing (``None``
+    while neither has happened).
+
+    :param what: what the wait is for, for the message (``"saving the model to PATH"``)
+    """
+    if engine.returncode is not None:
+        return engine.exited_error(f"the vw engine exited while {what}")
+    if deadline is not None and _clock() >= deadline:
+        return VowpalWabbitTimeoutError(f"timed out {what}", argv=engine.argv,
+                                        stderr_tail=engine.stderr_tail())
+    return None
