@@ -84,10 +84,10 @@ def check_header_without_tab(line: str, what: str) -> None:
     :raises ValueError: for a tab before the first ``|`` after anything but spaces
     """
     header = line.split("|", 1)[0] if "\t" in line else ""
-    if "\t" in header and header.split("\t", 1)[0].strip(" " + _BOM):
+    dropped = header.split("\t", 1)[0].strip(" " + _BOM) if "\t" in header else ""
+    if dropped:
         raise ValueError(f"{what} has a tab before its first '|', and vw drops everything "
-                         f"before such a tab (here {header.split(chr(9), 1)[0].strip()!r}): "
-                         f"{line!r}")
+                         f"before such a tab (here {dropped!r}): {line!r}")
 
 
 def check_labelled_lines(lines: Sequence[str]) -> None:

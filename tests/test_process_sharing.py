@@ -6,6 +6,7 @@ the first thread makes its next call. Every result is checked against the
 engine's own predictions."""
 
 import asyncio
+import os
 import threading
 import time
 import warnings
@@ -44,10 +45,13 @@ def test_a_fork_that_lands_during_a_write_leaves_the_child_a_working_object(kind
     assert outcomes[0]["ok"] == pytest.approx(truth[trained_model][4][:50], abs=1e-6)
 
 
-@pytest.mark.parametrize("kind", sorted(SYNC))
-def test_fork_while_another_thread_predicts_child_gets_its_own_engine(kind, trained_model, truth):
-    warnings.simplefilter("ignore", DeprecationWarning)
-    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=200)
+def fork_while_a_thread_predicts(predict, truth, attempts):
+    """Fork ``attempts`` children, each predicting 500 items for user 4 with
+    ``predict(common, items)``, while a thread of the parent predicts 3,000
+    items for users 0 to 2 with it in a loop.
+
+    :returns: the parent thread's wrong users, and the children's failures
+    """
     stop = threading.Event()
     errors = []
 
@@ -55,8 +59,7 @@ def test_fork_while_another_thread_predicts_child_gets_its_own_engine(kind, trai
         n = 0
         while not stop.is_set():
             user = n % 3
-            got = list(model.predict(common(user), items(3000)))
-            if got != pytest.approx(truth[trained_model][user], abs=1e-6):
+            if predict(common(user), items(3000)) != pytest.approx(truth[user], abs=1e-6):
                 errors.append(f"parent thread got wrong predictions for user {user}")
             n += 1
 
@@ -65,63 +68,51 @@ def test_fork_while_another_thread_predicts_child_gets_its_own_engine(kind, trai
     failures = []
     try:
         time.sleep(0.2)
-        for attempt in range(30):
-            def child():
-                got = list(model.predict(common(4), items(500), timeout=None))
-                return got
-            outcome = in_child(child)
+        for attempt in range(attempts):
+            outcome = in_child(lambda: predict(common(4), items(500)))
             if "error" in outcome:
                 failures.append((attempt, outcome["error"]))
-            elif outcome["ok"] != pytest.approx(truth[trained_model][4][:500], abs=1e-6):
+            elif outcome["ok"] != pytest.approx(truth[4][:500], abs=1e-6):
                 failures.append((attempt, "wrong predictions in the child"))
             time.sleep(0.003)
     finally:
         stop.set()
         thread.join(30)
+    return errors, failures
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_fork_while_another_thread_predicts_child_gets_its_own_engine(kind, trained_model, truth):
+    warnings.simplefilter("ignore", DeprecationWarning)
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=200)
+    try:
+        errors, failures = fork_while_a_thread_predicts(
+            lambda *request: list(model.predict(*request, timeout=None)), truth[trained_model],
+            attempts=30)
+    finally:
         model.close()
     assert not errors, errors
     assert not failures, failures[:5]
 
 
 def test_asyncio_fork_while_another_thread_predicts_child_gets_its_own_engine(trained_model, truth):
-    import asyncio
-    from subwabbit import AsyncVowpalWabbitProcess
     warnings.simplefilter("ignore", DeprecationWarning)
     loop = asyncio.new_event_loop()
     model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model), batch_size=200,
                                      max_pending_lines=1000)
     loop.run_until_complete(model.start())
-    stop = threading.Event()
-    errors = []
 
-    def worker():
-        asyncio.set_event_loop(loop)
-        n = 0
-        while not stop.is_set():
-            user = n % 3
-            got = loop.run_until_complete(model.predict(common(user), items(3000)))
-            if got != pytest.approx(truth[trained_model][user], abs=1e-6):
-                errors.append(user)
-            n += 1
+    def predict(*request):
+        # the parent's thread runs the parent's loop; a child runs a loop of its own
+        running = loop if os.getpid() == parent else asyncio.new_event_loop()
+        asyncio.set_event_loop(running)
+        return running.run_until_complete(model.predict(*request))
 
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    failures = []
+    parent = os.getpid()
     try:
-        time.sleep(0.2)
-        for attempt in range(20):
-            def child():
-                return asyncio.new_event_loop().run_until_complete(
-                    model.predict(common(4), items(500)))
-            outcome = in_child(child)
-            if "error" in outcome:
-                failures.append((attempt, outcome["error"]))
-            elif outcome["ok"] != pytest.approx(truth[trained_model][4][:500], abs=1e-6):
-                failures.append((attempt, "wrong predictions in the child"))
-            time.sleep(0.003)
+        errors, failures = fork_while_a_thread_predicts(predict, truth[trained_model],
+                                                        attempts=20)
     finally:
-        stop.set()
-        thread.join(30)
         loop.run_until_complete(model.close())
         loop.close()
     assert not errors, errors
