@@ -333,5 +333,10 @@ def parse_scalars(lines: List[bytes]) -> List[float]:
 
 
 def parse_labels(lines: List[bytes]) -> List[str]:
-    """Parse label-list predictions such as ``0,1 `` (``--plt``) into ``'0,1'``."""
-    return [line.decode("utf-8", "replace").strip() for line in lines]
+    """Parse label-list predictions such as ``0,1 `` (``--plt``) into ``'0,1'``.
+
+    vw ends the list with a space (a lone space when no label applies) and
+    prints an example's tag after it: ``0,1  tag`` gives ``'0,1'`` and
+    ``  tag`` gives ``''``, never the tag.
+    """
+    return [line.split(b" ", 1)[0].decode("utf-8", "replace").strip() for line in lines]

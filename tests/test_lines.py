@@ -237,6 +237,8 @@ def test_parse_scalars_rejects_a_bad_line(bad):
     (b"", ""),
     (b"3", "3"),
     (b"2,5,7\r", "2,5,7"),
+    (b"0,1  tag", "0,1"),  # vw prints the example's tag after the list
+    (b"  tag", ""),
 ])
 def test_parse_labels(line, expected):
     assert parse_labels([line]) == [expected]

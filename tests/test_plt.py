@@ -60,3 +60,23 @@ def test_without_a_multilabel_reduction_labels_are_as_for_a_scalar_model():
     with VowpalWabbitPLTProcess(VowpalWabbitDummyFormatter(), ["--quiet"]) as process:
         process.train("", ["|f a", "|f b"], ["1", 0.5], [2.0, None])
         assert len(list(process.predict("", ["|f a"]))) == 1
+
+
+@pytest.mark.parametrize("args", [ARGS, ["--multilabel_oaa", "6", "--quiet"]])
+def test_a_tagged_example_gives_its_labels_not_its_tag(args, tmp_path):
+    """vw prints an example's tag after the label list (``'0,1  t1'``, and
+    ``'  t1'`` when no label applies): the prediction is the label string
+    without it. The tag used to be kept, and an example without labels gave
+    its tag (``'t1'``) as if it were the label string."""
+    train = [("|f a b", "0,1"), ("|f c", "2"), ("|f d", "3")] * 5
+    probe = ["'t1 |f a", "'t2 |f zz", "'t3 |f c"]
+    raw = engine_from_file([f"{label} {features}" for features, label in train] + probe,
+                           args, tmp_path)[len(train):]
+    expected = [line.split(b" ")[0].decode() for line in raw]
+    assert any(expected)
+    if "--multilabel_oaa" in args:
+        assert raw[1] == b"  t2" and expected[1] == ""  # no label applies
+    assert all(line.endswith(tag) for line, tag in zip(raw, (b"t1", b"t2", b"t3")))
+    with VowpalWabbitPLTProcess(VowpalWabbitDummyFormatter(), args) as process:
+        process.train("", [features for features, _ in train], [label for _, label in train])
+        assert list(process.predict("", probe)) == expected
