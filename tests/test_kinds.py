@@ -14,6 +14,8 @@ from subwabbit.command import default_engine_command
 from subwabbit.core.kinds import KINDS, choose_kind
 from subwabbit.errors import VowpalWabbitProtocolError
 
+from conftest import engine_from_file
+
 
 @pytest.mark.parametrize("args, name, answer_lines, multi_line", [
     ([], "scalar", 1, False),
@@ -138,6 +140,8 @@ def test_the_plt_class_default_gives_label_strings_unless_told_otherwise():
     (["--lda", "2"], "--lda"),
     (["--cats", "4"], "--cats"),
     (["--memory_tree", "3"], "--memory_tree"),
+    (["--emt"], "--emt"),
+    (["--ot", "3"], "--ot"),
     (["--cs_active", "3"], "--cs_active"),
     (["--multilabel_oaa", "3", "--probabilities"], "--probabilities with --multilabel_oaa"),
     (["--csoaa", "3", "--probabilities"], "--probabilities with --csoaa"),
@@ -163,6 +167,27 @@ def test_a_model_file_of_an_unservable_reduction_is_refused(tmp_path):
         with pytest.raises(ValueError, match="--memory_tree"):
             scalar.reload(["-i", model, "-t", "--quiet"])
         assert scalar.predict("", ["|a f1"]) is not None  # the old model goes on serving
+
+
+@pytest.mark.parametrize("args, lines, probe", [
+    (["--ot", "3"], ["1:1:0.5 |a x", "2:0:0.5 |a y"], b"0.000625 0.024375 0.975000 "),
+    (["--emt"], ["2 |a x", "3 |a y"], b"3"),
+])
+def test_offset_tree_and_eigen_memory_tree_are_refused_not_served_as_scalars(args, lines, probe,
+                                                                            tmp_path):
+    """Found by a review: neither was known, so both were served as scalar
+    models. An --ot model answers a probability per action on one line
+    (predict gave the first only, as a float); an --emt model answers a
+    class (a float), and its labels went unchecked: vw read -1 as another
+    class without a word, and 2.5 made the engine exit. Refused like
+    --memory_tree, from the arguments and from a model file."""
+    model = str(tmp_path / "model.vw")
+    answers = engine_from_file(lines + ["|a y"], args + ["-f", model], tmp_path)
+    assert answers[-1] == probe  # what vw answers, which no kind reads
+    with pytest.raises(ValueError, match=f"vw_args contains {args[0]}"):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args + ["--quiet"])
+    with pytest.raises(ValueError, match=f"trained with {args[0]}"):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", model, "-t", "--quiet"])
 
 
 @pytest.mark.parametrize("args, label, weight", [

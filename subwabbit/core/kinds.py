@@ -79,6 +79,9 @@ UNSERVABLE: Dict[str, str] = {
     "--cats_tree": "continuous actions are not served",
     "--cb_continuous": "continuous actions are not served",
     "--memory_tree": "its class predictions are not served yet",
+    "--emt": "its class predictions are not served yet (vw reads any uint as its label)",
+    "--ot": "the offset tree answers a probability per action on one line, which a "
+            "scalar model would cut to the first",
     "--cs_active": "active cost-sensitive predictions are not served",
     "--cbzo": "continuous actions are not served",
     "--sample_pdf": "continuous actions are not served",
