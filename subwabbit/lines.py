@@ -8,7 +8,8 @@ engine's save command, which answers nothing).
 
 A multi-line example (``--cb_adf``, ``--cb_explore_adf``) is answered once,
 after the empty line that ends it, so none of its lines may be one that vw
-reads as that end (:func:`encode_example`).
+reads as that end (:func:`encode_example`), nor one whose label vw cannot
+take: its engine exits on a line with more than one cost (:func:`label_words`).
 
 vw drops everything before a tab in a line's header (the text before its
 first ``|``): a labelled line and every line of a multi-line example must
@@ -257,6 +258,42 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def label_words(line: str) -> List[str]:
+    """The words vw's label parser reads in ``line``, as vw 9 splits its
+    header (the text before the first ``|``): after a byte order mark that
+    starts the line and anything up to a tab, on spaces, without the tag
+    (the last word, when it starts with ``'`` or touches the ``|``).
+    ``'shared 1 |u a'`` gives ``['shared', '1']``; ``"'t |i x"`` and ``'|i x'`` none."""
+    bar = line.find("|")
+    header = line if bar < 0 else line[:bar]
+    if header.startswith(_BOM):
+        header = header[1:]
+    header = header.split("\t", 1)[-1]  # vw drops up to the first tab
+    words = [word for word in header.split(" ") if word]
+    if words and (not header.endswith(" ") or words[-1].startswith("'")):
+        words.pop()  # the tag
+    return words
+
+
+def _check_example_label(line: str, what: str, item: bool) -> None:
+    """Check that vw's contextual-bandit label parser takes the label of one
+    line of a multi-line example without ending the engine: the shared line
+    carries no cost (only ``shared``, or vw's ``shared graph ...``), an item
+    line one at most (``action:cost:probability``, three parts at most)."""
+    words = label_words(line)
+    if not item:
+        if words[1:] and words[1] != "graph":
+            raise ValueError(f"{what} has {' '.join(words[1:])!r} before its first '|', which "
+                             "vw reads as costs of the shared line, and its engine then exits: "
+                             "format_common_features must return the request's features (and "
+                             f"a tag) without a label: {line!r}")
+        return
+    if len(words) > 1 or (words and words[0].count(":") > 2):
+        raise ValueError(f"{what} has the label {' '.join(words)!r} before its first '|', and "
+                         "vw's engine exits on a line of a multi-line example with more than "
+                         f"one cost or a cost of more than three parts: {line!r}")
+
+
 def check_example_line(line: str, what: str, item: bool = True) -> None:
     """Check one line of a multi-line example.
 
@@ -267,7 +304,8 @@ def check_example_line(line: str, what: str, item: bool = True) -> None:
     :raises TypeError: when ``line`` is not a string
     :raises ValueError: for a line break (it would split the example), an
         empty line (vw reads it as the end of the example), a save command,
-        or an item line that vw would read as the shared line
+        an item line that vw would read as the shared line, or a label vw's
+        engine exits on (:func:`_check_example_label`)
     """
     _check_text(line, what, "split the multi-line example",
                 "vw reads an empty line as the end of a multi-line example",
@@ -278,6 +316,7 @@ def check_example_line(line: str, what: str, item: bool = True) -> None:
         if header and header[0] == "shared":
             raise ValueError(f"{what} starts with 'shared', which makes it the shared line of "
                              f"the example instead of an item: {line!r}")
+    _check_example_label(line, what, item)
 
 
 def encode_example(lines: Sequence[str]) -> bytes:
@@ -296,16 +335,20 @@ def encode_example(lines: Sequence[str]) -> bytes:
     try:
         flat = "".join(lines)
         items_flat = "".join(lines[shared_lines:])
+        text = "\n".join(lines)
     except TypeError:
-        flat = items_flat = ""
+        flat = items_flat = text = ""
+    # (item lines that all start with '|' carry no label: one count, not a check each)
     if (not items_flat or "\n" in flat or "\r" in flat or "" in lines or "save" in flat
-            or _BOM in flat or "shared" in items_flat or "\t" in flat):
+            or _BOM in flat or "shared" in items_flat or "\t" in flat
+            or text.count("\n|") != len(lines) - shared_lines
+            or len(label_words(lines[0])) != 1):
         for index, line in enumerate(lines):
             if index < shared_lines:
                 check_example_line(line, "the shared line", item=False)
             else:
                 check_example_line(line, f"formatted item #{index - shared_lines}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8")
+    return (text + "\n\n").encode("utf-8")
 
 
 def parse_scalar(line: bytes) -> float:

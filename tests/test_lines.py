@@ -4,7 +4,7 @@ import pytest
 
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError
 from subwabbit.lines import (check_header_without_tab, check_line, check_line_part, encode_lines,
-                             parse_labels, parse_scalar, parse_scalars)
+                             label_words, parse_labels, parse_scalar, parse_scalars)
 
 # ------------------------------------------------------------------ check_line_part
 
@@ -362,3 +362,18 @@ def test_a_tab_in_the_header_after_anything_but_spaces_is_refused(line):
 @pytest.mark.parametrize("line", ["\t|u a", "  \t|u a", "|u\ta", "\ufeff\t|a x", "1 |u a"])
 def test_a_tab_with_nothing_but_spaces_before_it_drops_nothing(line):
     check_header_without_tab(line, "the line")
+
+
+@pytest.mark.parametrize("line, words", [
+    ("shared |u a", ["shared"]),
+    ("shared 1 |u a", ["shared", "1"]),
+    ("shared 'req |u a", ["shared"]),   # a tag starts with '
+    ("shared req|u a", ["shared"]),     # or touches the |
+    ("|i x", []),
+    ("0:1:0.5 |i x", ["0:1:0.5"]),
+    ("x y|i x", ["x"]),
+    ("\ufeff1 2 |x", ["1", "2"]),
+    ("junk \t 1 2 |x", ["1", "2"]),     # vw drops what comes before a tab
+])
+def test_label_words_split_the_header_as_vw_does(line, words):
+    assert label_words(line) == words

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import os
 import signal
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple
@@ -793,3 +794,59 @@ def test_multi_line_train_metrics_count_items_and_an_empty_call_sends_nothing():
         model.train({"user": 1}, [], [])  # no items: no example, no error
         assert [m["num_lines"] for m in seen if m["method"] == "train"] == [5, 0]
         assert len(list(model.predict(*request(4, 5)))) == 5
+
+
+@pytest.mark.parametrize("client_kind", ALL_KINDS + ["pool"])
+@pytest.mark.parametrize("name", ["cb_adf", "cb_explore_adf"])
+def test_a_label_the_engine_would_exit_on_is_refused_before_anything_is_sent(name, client_kind,
+                                                                            tmp_path):
+    """vw's engine exits (it aborts) on a multi-line example with a line of
+    more than one cost: a shared line with anything before its '|' but
+    ``shared`` and a tag (a common part of ``'1 |u a'`` or ``'shared |u a'``,
+    whose line becomes ``'shared shared |u a'``), an item line with two
+    label words, or a label of more than three parts. Such a call used to
+    reach the engine and end in VowpalWabbitEngineExitedError, losing what a
+    learning engine had learnt; it is a ValueError now, and the engine serves on."""
+    kind = KINDS[name]
+    formatter = VowpalWabbitDummyFormatter()
+    items = ["|i x", "|i y"]
+    data = tmp_path / "exits.txt"
+    data.write_text("shared 1 |u a\n|i x\n|i y\n\n")
+    assert subprocess.run(default_engine_command() + ["-d", str(data), "--quiet"] + kind.args,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=120).returncode != 0  # the engine reads it and exits
+    if client_kind == "pool":
+        from subwabbit import VowpalWabbitPool  # pylint: disable=import-outside-toplevel
+        pool = VowpalWabbitPool(formatter, kind.args + ["--quiet"], size=1)
+        predict, train, close = pool.predict, None, pool.close
+        pids = pool.engine_pids
+    else:
+        client = Client(client_kind, formatter, kind.args + ["--quiet"])
+        predict, train, close = client.predict, client.train, client.close
+        pids = lambda: [client.model.pid]  # noqa: E731
+    try:
+        before = pids()
+        for common, parts, match in (
+                ("1 |u a", items, r"the shared line has '1' before its first '\|'"),
+                ("shared |u a", items, "the shared line has 'shared'"),
+                ("x y|u a", items, "the shared line has 'x'"),
+                ("|u a", ["|i x", "1 2 |i y"], r"formatted item #1 has the label '(0:1.0:0.5 )?1 2'"),
+                ("|u a", ["1:2:3:4 |i x", "|i y"], "formatted item #0 has the label '1:2:3:4'")):
+            with pytest.raises(ValueError, match=match):
+                predict(common, parts)
+            if train is not None:
+                with pytest.raises(ValueError, match=match):
+                    train(common, parts, [None, (1.0, 0.5)])
+        if train is not None:
+            with pytest.raises(ValueError, match=r"formatted item #0 has the label '0:1.0:0.5 2'"):
+                train("|u a", ["2 |i x", "|i y"], [(1.0, 0.5), None])
+        # what vw reads without a word: a tag, one label word on an item
+        for common, parts in (("'req |u a", ["'t |i x", "|i y"]), ("req|u a", items),
+                              ("|u a", ["1 |i x", "x|i y"])):
+            raw = engine_from_file([f"shared {common}"] + parts + [""],
+                                   kind.args + kind.file_args, tmp_path)
+            assert raw[1] == b""
+            assert predict(common, parts) == _in_action_order(raw[0].split(b" ")[0])  # (a tag)
+        assert pids() == before  # never restarted
+    finally:
+        close()
