@@ -131,6 +131,16 @@ def test_blocking_detailed_metrics_have_one_generating_entry_per_line():
     assert all(seconds >= 0 for _, seconds in detailed["generating_lines_time"])
 
 
+def test_blocking_detailed_metrics_add_no_entry_when_the_items_end_with_a_batch():
+    """16 items in batches of 2: the step that finds no 17th item formats
+    nothing and adds no generating_lines_time entry (2.x had one per line)."""
+    with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"], batch_size=2) as model:
+        detailed = {}
+        items = (ITEMS * 6)[:16]
+        assert len(list(model.predict(USER1, items, detailed_metrics=detailed))) == 16
+    assert len(detailed["generating_lines_time"]) == 16
+
+
 def test_a_dropped_object_leaves_its_final_model_on_disk(tmp_path):
     path = tmp_path / "dropped.vw"
     model = VowpalWabbitProcess(UserItemFormatter(), ["--quiet", "-f", str(path)], write_only=True)

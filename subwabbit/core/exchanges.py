@@ -330,10 +330,11 @@ class PredictExchange(Exchange):
         if self._detailed is not None and self._clock:
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
-            if self._timing_per_line and parts:
+            if self._timing_per_line:
                 # Each line gets its share, stamped where its share ends, so
-                # that every entry has its own timestamp (as in 2.x).
-                share = (end - began) / len(parts)
+                # that every entry has its own timestamp (as in 2.x); a step
+                # that found no more items formatted no line and adds none.
+                share = (end - began) / len(parts) if parts else 0.0
                 entries.extend((began + share * (index + 1), share)
                                for index in range(len(parts)))
             else:
