@@ -26,7 +26,9 @@ from .process_model import VowpalWabbitProcessModel
 #: batch_size=75,max_pending_lines=150 batch_size=100,max_pending_lines=300``
 #: gave 2,092, 1,993, 2,168 and 1,827: no setting clearly better.
 DEFAULT_BATCH_SIZE = 50
+#: Default of ``max_pending_lines`` (see :data:`DEFAULT_BATCH_SIZE`).
 DEFAULT_MAX_PENDING_LINES = 100
+#: Default of ``write_cutoff_s``, in seconds (see :data:`DEFAULT_BATCH_SIZE`).
 DEFAULT_WRITE_CUTOFF_S = 0.0005
 
 
