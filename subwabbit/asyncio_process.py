@@ -423,6 +423,25 @@ class AsyncVowpalWabbitProcess(ClientBase):
             await self._await_exit(engine, deadline)
         engine.close(max(0.0, deadline - _clock()))
 
+    async def _retire(self, engine: EngineProcess, timeout: float) -> None:
+        """:meth:`_shut_down` an engine that no call uses any more (the one
+        :meth:`restart` or :meth:`reload` replaced). When that is cancelled
+        (the restart's task, or the loop ending under a reload's background
+        closing), the rest of the closing is handed to the loop's executor:
+        the engine is still stopped, reaped and its pipes closed within
+        ``timeout``.
+
+        :raises VowpalWabbitEngineExitedError: as :meth:`_shut_down`
+        """
+        loop = asyncio.get_running_loop()
+        deadline = _clock() + timeout
+        try:
+            await self._shut_down(engine, timeout)
+        except (asyncio.CancelledError, GeneratorExit):
+            if not engine.closed:
+                hand_off_closing(loop, [engine], [], deadline)
+            raise
+
     async def _await_blank_read(self, engine: EngineProcess, deadline: float) -> None:
         """The start-up check of an engine that probes would teach: write
         :data:`~subwabbit.core.channel.START_BLANK` and wait, yielding to the
@@ -866,7 +885,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     " ".join(plan.argv))
         if old is not None and not old.closed:
             task = asyncio.ensure_future(
-                self._shut_down(old, min(timeout, 0.5) if failed else timeout))
+                self._retire(old, min(timeout, 0.5) if failed else timeout))
             task.add_done_callback(_log_close_failure)
 
     async def restart(self, timeout: float = 5.0) -> None:
@@ -891,7 +910,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             if old is not None and not old.closed:
                 # A failed engine has nothing worth waiting for (as the sync classes).
                 try:
-                    await self._shut_down(old, min(timeout, 0.5) if self._broken else timeout)
+                    await self._retire(old, min(timeout, 0.5) if self._broken else timeout)
                 except VowpalWabbitError as exc:
                     logger.warning("the replaced vw engine failed: %s", exc)
             self._owner_pid = os.getpid()

@@ -24,7 +24,7 @@ from subwabbit import AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWab
 from subwabbit.command import default_engine_command
 
 from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
-                      process_gone, scoring_args, slow_starting_engine)
+                      process_gone, scoring_args, slow_starting_engine, wait_until)
 
 #: How long a loop may go without a turn before it counts as blocked: far
 #: above a turn's cost, far below a stuck fork server's "forever".
@@ -592,3 +592,42 @@ def test_a_task_that_once_swallowed_a_cancellation_gets_closed_not_cancelled(tmp
 
     outcome = asyncio.run(main())
     assert isinstance(outcome, VowpalWabbitError) and "closed" in str(outcome), repr(outcome)
+
+
+@pytest.mark.parametrize("how", ["restart cancelled", "loop ends after reload"])
+def test_an_engine_replaced_while_its_closing_is_cut_short_is_still_stopped(trained_model,
+                                                                             truth, how):
+    """restart() closes the old engine itself, reload() in a background task:
+    a cancellation while that engine is shutting down (here stopped, so that
+    it does not exit when its input closes) left it stopped, unreaped and
+    with its pipes open for good."""
+    model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model))
+
+    async def main():
+        await model.start()
+        old = model.pid
+        os.kill(old, signal.SIGSTOP)
+        if how == "restart cancelled":
+            restart = asyncio.ensure_future(model.restart(timeout=2.0))
+            await asyncio.sleep(0.2)  # the old engine's input is closed; it has not exited
+            restart.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await restart
+        else:
+            await model.reload(scoring_args(trained_model), timeout=2.0)
+            await asyncio.sleep(0.1)  # asyncio.run() cancels the closing of the old engine
+        return old
+
+    old = asyncio.run(main())
+    try:
+        assert wait_until(lambda: proc_stat(old) is None, 10.0), proc_stat(old)
+
+        async def then():
+            assert await model.predict(common(1), items(3000), timeout=10.0) == \
+                truth[trained_model][1]
+            await model.close()
+
+        asyncio.run(then())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old, signal.SIGKILL)
