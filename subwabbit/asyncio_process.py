@@ -228,9 +228,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
             if self._engine is not None:  # started by whoever had the turn before
                 return self
-            if self._starting is None:
-                self._starting = asyncio.ensure_future(self._start_engine())
-            starting = self._starting
+            starting = self._start_under_way()
+            if starting is None:
+                starting = self._starting = asyncio.ensure_future(self._start_engine())
             try:
                 engine = await asyncio.shield(starting)
             except asyncio.CancelledError:
@@ -389,9 +389,27 @@ class AsyncVowpalWabbitProcess(ClientBase):
             if held:  # calls that were waiting for it now find the object closed
                 self._turn.release()
 
+    def _start_under_way(self) -> Optional["asyncio.Task[EngineProcess]"]:
+        """The engine start under way (:attr:`_starting`), or ``None``.
+
+        A start whose event loop has been closed is forgotten: a call whose
+        loop ended (``asyncio.run()`` of one request) may leave one behind,
+        cancelled or never to finish, and no later loop can wait for it. An
+        engine it had started is stopped.
+        """
+        starting = self._starting
+        if starting is None or not starting.get_loop().is_closed():
+            return starting
+        self._starting = None
+        if starting.done() and not starting.cancelled() and starting.exception() is None:
+            _abort_off_loop(starting.result())
+        logger.info("an engine start of %r was left by an event loop that is closed; "
+                    "it is started again", self)
+        return None
+
     async def _cancel_start(self) -> None:
         """Cancel an engine start under way, and abort what it started."""
-        starting, self._starting = self._starting, None
+        starting, self._starting = self._start_under_way(), None
         if starting is None:
             return
         starting.cancel()
@@ -549,7 +567,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._begin_replacement("the engine failed")
 
     def _begin_replacement(self, reason: str) -> None:
-        if self._starting is not None:
+        if self._start_under_way() is not None:
             return
         self._abandon_channel(f"the process's engine is being replaced ({reason})")
         old, self._engine, self._channel = self._engine, None, None
@@ -621,7 +639,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                     f"restart_on_crash=True) or close() it (cause: {self._broken})"
                 ) from self._broken
             self._begin_replacement("the engine failed")
-        elif self._starting is None:
+        elif self._start_under_way() is None:
             self._starting = asyncio.ensure_future(self._start_engine())
         if self._ever_started and metrics is not None:
             metrics["restarts"] = 1

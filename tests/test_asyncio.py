@@ -44,6 +44,37 @@ def test_an_engine_that_restart_started_while_close_ran_does_not_outlive_it(tmp_
     assert run(main()) == set()
 
 
+@pytest.mark.parametrize("how", ["first call", "replacement after a crash"])
+def test_a_start_cut_short_by_the_end_of_its_event_loop_is_made_again_on_the_next(
+        trained_model, truth, how):
+    """A call returns by its deadline while the engine starts in the
+    background; when its loop ends first (``asyncio.run()`` of one request),
+    the start is cancelled with it. Every later call, on any loop, raised
+    ``RuntimeError('Event loop is closed')``: it waited for that start."""
+    model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                     restart_on_crash=True)
+
+    async def first():
+        if how == "first call":
+            assert await model.predict(common(1), items(3000), timeout=0.001) == []
+            return
+        await model.start()
+        os.kill(model.pid, signal.SIGKILL)
+        with pytest.raises(VowpalWabbitEngineExitedError):
+            await model.predict(common(1), items(3000), timeout=5.0)
+
+    async def then():
+        try:
+            return (await model.predict(common(2), items(3000)),
+                    await model.predict(common(3), items(3000), timeout=5.0))
+        finally:
+            await model.close()
+
+    run(first())
+    assert run(then()) == (truth[trained_model][2], truth[trained_model][3])
+    assert model.restart_count == (1 if how == "replacement after a crash" else 0)
+
+
 def test_calls_leave_no_reference_cycles(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model)) as model:
