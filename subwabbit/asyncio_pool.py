@@ -15,7 +15,7 @@ import time
 import weakref
 from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
 
-from .asyncio_process import wait_for_engines
+from .asyncio_process import _FifoTurn, wait_for_engines
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
 from .base import VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
@@ -78,8 +78,10 @@ class AsyncVowpalWabbitPool(PoolBase):
         #: the loop that started the engines (a fork server reports an
         #: engine's exit to it from another thread)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._start_lock: Optional[asyncio.Lock] = None
-        self._reload_lock: Optional[asyncio.Lock] = None
+        # (not asyncio.Lock: one that was ever waited for belongs to its
+        # loop, and start() or reload() on the next loop raised RuntimeError)
+        self._start_lock = _FifoTurn()
+        self._reload_lock = _FifoTurn()
         self._closing: Optional["asyncio.Future[None]"] = None
         self._closing_slots: List[Slot] = []
 
@@ -92,8 +94,6 @@ class AsyncVowpalWabbitPool(PoolBase):
         """
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        if self._start_lock is None:  # made here, on the loop that runs the pool
-            self._start_lock = asyncio.Lock()
         async with self._start_lock:  # two tasks starting the pool start it once
             if self._in_forked_child():
                 # Made (and perhaps started) in a parent process, started in
@@ -361,8 +361,6 @@ class AsyncVowpalWabbitPool(PoolBase):
             pool keeps serving the old model
         """
         loop = asyncio.get_running_loop()
-        if self._reload_lock is None:
-            self._reload_lock = asyncio.Lock()
         async with self._reload_lock:  # one at a time: the last one asked for serves
             # The model file's header is read off the event loop.
             plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
@@ -381,8 +379,8 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._waiters = []
         self._tasks = set()
         self._starts = {}
-        self._start_lock = None
-        self._reload_lock = None
+        self._start_lock = _FifoTurn()
+        self._reload_lock = _FifoTurn()
         self._closing = None
         self._closing_slots = []
 

@@ -44,7 +44,11 @@ _LOOP_TIMER_SLACK_S = 0.001
 
 class _FifoTurn:
     """Calls on one object, one at a time, in arrival order; a waiter gives
-    up at its own deadline (or when cancelled) without disturbing the others."""
+    up at its own deadline (or when cancelled) without disturbing the others.
+
+    Unlike :class:`asyncio.Lock` it belongs to no event loop (each waiter
+    waits on a future of its own loop): an object made and used on one loop
+    may be used on another after that one ended."""
 
     def __init__(self) -> None:
         self._busy = False
@@ -89,6 +93,13 @@ class _FifoTurn:
         waiter.cancel()
         self._waiters.remove(waiter)
         return False
+
+    async def __aenter__(self) -> None:
+        """``async with turn:`` waits for the turn with no time limit."""
+        await self.acquire(None)
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.release()
 
     def release(self) -> None:
         """Pass the turn to the oldest waiter still waiting, or free it (a

@@ -325,6 +325,32 @@ def test_reload_with_no_failed_or_mixed_call(trained_model, second_model, truth)
     run(main())
 
 
+def test_starts_and_reloads_at_once_on_a_second_event_loop(trained_model, second_model, truth):
+    """The pool's start and reload locks were asyncio.Locks: one that two
+    tasks ever waited for belongs to that loop, and two start() or reload()
+    at once on the next loop raised RuntimeError ('bound to a different
+    event loop')."""
+    pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
+
+    async def on_the_first_loop():
+        await asyncio.gather(pool.start(), pool.start())
+        await asyncio.gather(pool.reload(scoring_args(trained_model)),
+                             pool.reload(scoring_args(trained_model)))
+        return await pool.predict(common(1), items(3000))
+
+    async def on_the_next_loop():
+        try:
+            await asyncio.gather(pool.start(), pool.start())
+            await asyncio.gather(pool.reload(scoring_args(trained_model)),
+                                 pool.reload(scoring_args(second_model)))
+            return await pool.predict(common(2), items(3000))
+        finally:
+            await pool.close()
+
+    assert run(on_the_first_loop()) == truth[trained_model][1]
+    assert run(on_the_next_loop()) == truth[second_model][2]
+
+
 def test_a_killed_engine_is_replaced_and_training_is_refused(trained_model, truth):
     async def main():
         pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
