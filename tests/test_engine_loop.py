@@ -427,3 +427,24 @@ def test_the_loop_writes_a_slow_models_answers_as_they_come_not_all_at_the_end(t
     first, last = answered[0][0], answered[-1][0]
     assert len(answered) >= 3 and answered[0][1] < 30, answered
     assert first < last / 2, answered
+
+
+@pytest.mark.parametrize("env", [LOOP, {engine.DRIVER_ENV_VAR: "vw"}])
+@pytest.mark.parametrize("option", ["-f", "--readable_model", "--invert_hash"])
+def test_an_option_left_without_its_value_last_is_refused_as_vw_refuses_it(option, env,
+                                                                          tmp_path):
+    """vw exits 1 when the last argument is an option that needs a value
+    (``Expected value for final_regressor but found nothing``). The engine
+    gave it the next token it passes on itself (``--no_stdin``, which the
+    bindings append, or ``--data``), answered the examples, exited 0 and
+    left a model named ``--no_stdin`` or ``--data`` in its directory (found
+    by a review)."""
+    done = subprocess.run(default_engine_command() + ["-p", "stdout", "--quiet", option],
+                          input=b"1 |a x\n|a x\n", stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, cwd=tmp_path, timeout=60, check=False,
+                          env={**os.environ, **env})
+    assert done.returncode == 1
+    assert done.stdout == b""
+    assert done.stderr.startswith(b"vw: ") and option.encode() in done.stderr
+    assert b"Traceback" not in done.stderr
+    assert os.listdir(tmp_path) == []

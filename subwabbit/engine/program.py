@@ -462,13 +462,31 @@ def _reads_data_file(args: List[str]) -> bool:
     return any(option_name(arg) in _DATA_OPTIONS for arg in args)
 
 
+def _workspace(pylibvw: Any, args: List[str]) -> Any:
+    """``pylibvw.vw(args)``, refused as the vw executable refuses it when the
+    last argument is an option left without its value: the bindings append
+    ``--no_stdin`` to the arguments, which the option would take as its
+    value (``-f`` last saved the model to a file named ``--no_stdin``).
+
+    :raises RuntimeError: for such arguments, or any the engine refuses
+    """
+    workspace = pylibvw.vw(args)
+    for groups in workspace.get_options(lambda *fields: fields, True).values():
+        for _, options in groups:
+            # (name, help, short name, keep, necessary, allow override, value, ...)
+            if any(option[0] == "no_stdin" and option[6] is not True for option in options):
+                del workspace  # without finish(), which would save the model
+                raise RuntimeError(f"Expected value for {args[-1]} but found nothing")
+    return workspace
+
+
 def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
     """The one-thread loop for ``args``, or ``None`` when vw's own driver must run."""
     chosen = _loop_arguments(args)
     if chosen is None:
         return None
     loop_args, final_model = chosen
-    workspace = pylibvw.vw(loop_args)
+    workspace = _workspace(pylibvw, loop_args)
     learns = not any(option_name(arg) in _TEST_ONLY_OPTIONS for arg in args)
     if not _serves(workspace, pylibvw, learns):
         del workspace  # frees the model; vw's driver loads it again
@@ -626,9 +644,9 @@ def _serve_forked(loop: OneThreadLoop, fds: List[int]) -> int:
 def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
     """vw's own driver: a parser thread and a learner thread."""
     from_stdin = not _reads_data_file(args)
-    if from_stdin:
-        args = args + ["--data", "/dev/stdin"]
-    workspace = pylibvw.vw(args)
+    if from_stdin:  # first, so that an option without its value last cannot take it
+        args = ["--data", "/dev/stdin"] + args
+    workspace = _workspace(pylibvw, args)
     workspace.run_parser()
     if from_stdin and not _input_exhausted():
         # The wheel's driver logs a fatal example error (a malformed
