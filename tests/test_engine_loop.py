@@ -223,6 +223,10 @@ def test_the_configurations_cover_every_learner_the_loop_serves():
     ["--quiet", "--stage_poly"],
     ["--quiet", "--audit"],
     ["--log_output", "stderr"],  # progress and logs would share stdout with predictions
+    # raw predictions on stdout too: vw writes each as its example finishes, the
+    # loop wrote its group of predictions after them (found by a review)
+    ["--quiet", "-r", "stdout"],
+    ["--quiet", "--raw_predictions=/dev/stdout"],
 ])
 def test_vw_driver_serves_what_the_loop_does_not(args, tmp_path):
     assert engine_threads(args, LOOP) == 2  # a parser thread and a learner thread
@@ -364,6 +368,9 @@ def test_scalars_text_is_scalar_text_of_each_value():
     (["--quiet", "--json"], None),
     (["-p", "stdout", "--quiet", "--oaa", "3"], None),
     (["-p", "stdout", "--quiet", "-i", "plt.vw", "--top_k", "2"], None),
+    (["-p", "stdout", "--quiet", "-r", "stdout"], None),
+    (["-p", "stdout", "--quiet", "-r/dev/fd/1"], None),
+    (["-p", "stdout", "--quiet", "-r", "raw.txt"], (["--quiet", "-r", "raw.txt"], b"")),
 ])
 def test_which_arguments_the_loop_serves(args, expected, monkeypatch):
     monkeypatch.delenv(engine.DRIVER_ENV_VAR, raising=False)

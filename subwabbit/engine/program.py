@@ -67,6 +67,9 @@ _DATA_OPTIONS = ("-d", "--data")
 _PREDICTION_OPTIONS = ("-p", "--predictions")
 _FINAL_MODEL_OPTIONS = ("-f", "--final_regressor")
 _TEST_ONLY_OPTIONS = ("-t", "--testonly")
+_RAW_PREDICTION_OPTIONS = ("-r", "--raw_predictions")
+#: Paths through which vw writes to its stdout.
+_STDOUT_PATHS = frozenset({"stdout", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 
 #: Options whose input handling only vw's own driver has (files, caches,
 #: passes, example limits, other input formats, servers) or that write to
@@ -186,6 +189,10 @@ def _loop_arguments(args: List[str]) -> Optional[Tuple[List[str], bytes]]:
             "--driver_output_off" in args
             and [value for _, _, value in _option_values(args, ["--log_output"])] == ["stderr"]):
         return None  # logs or progress on stdout would interleave with the predictions
+    if any(value in _STDOUT_PATHS for _, _, value in _option_values(args, _RAW_PREDICTION_OPTIONS)):
+        # vw writes each raw prediction as its example finishes: before the
+        # group of predictions that the loop writes after it
+        return None
     start, end, _ = predictions[0]
     rest = args[:start] + args[end:]
     final = _option_values(rest, _FINAL_MODEL_OPTIONS)
