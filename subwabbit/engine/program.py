@@ -319,19 +319,22 @@ class OneThreadLoop:
 
     def run(self) -> None:
         """Serve stdin until it ends."""
-        read, pending = os.read, b""
+        # the reads since the last newline, joined once the line ends (adding
+        # each to the bytes before it copied a long line again at every read)
+        read = os.read
+        pending: List[bytes] = []
         while True:
             chunk = read(0, _READ_BYTES)
             if not chunk:
                 break
             end = chunk.rfind(b"\n") + 1
             if not end:
-                pending += chunk
+                pending.append(chunk)
                 continue
-            self.serve(pending + chunk[:end] if pending else chunk[:end])
-            pending = chunk[end:]
+            self.serve(b"".join(pending + [chunk[:end]]) if pending else chunk[:end])
+            pending = [chunk[end:]] if end < len(chunk) else []
         if pending:  # a last line without its newline is an example too
-            self.serve(pending + b"\n")
+            self.serve(b"".join(pending) + b"\n")
         # vw's end of input: its own driver, given no input (the bindings
         # add --no_stdin), runs the end of pass and the end of examples that
         # every reduction expects after the last example of a file.
