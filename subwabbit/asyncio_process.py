@@ -30,7 +30,7 @@ from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT
                           check_deadline_settings)
 from .saving import ModelSave
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
-                       pump, startup_probe, torn_channel_error)
+                       pump, startup_probe, stuck_engine_error, torn_channel_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -635,6 +635,14 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if self._channel is not None and self._channel.torn and self._broken is None:
             # a call was interrupted between a read or write and its bookkeeping
             self._broken = torn_channel_error()
+        if self._engine is not None and self._channel is not None and self._broken is None:
+            # owed answers and printed nothing for io_timeout_s (see the sync
+            # classes' _fail_if_stuck): it failed, as if it had crashed
+            stuck = stuck_engine_error(self._engine, self._channel, self.io_timeout_s, self.argv)
+            if stuck is not None:
+                self._engine.add_context(stuck)
+                self._broken = stuck
+                self._count_failure(metrics)
         if self._engine is not None and self._broken is None:
             return True
         if self._engine is None and self._in_forked_child():

@@ -30,10 +30,11 @@ from .cpus import usable_cpus
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
-from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitTimeoutError
+from .errors import VowpalWabbitBusyError, VowpalWabbitError
 from .model_file import FileIdentity, model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
-from .transfer import ENGINE_FAILURES, YIELD_AFTER_S, pump, torn_channel_error
+from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, pump, stuck_engine_error,
+                       torn_channel_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -293,12 +294,6 @@ class PoolBase(ClientBase):
     @staticmethod
     def _remaining(total: Optional[int], exchange: SplitPredictExchange[Slot]) -> Optional[int]:
         return None if total is None else total - exchange.formatted
-
-    def _stuck_error(self, slot: Slot) -> VowpalWabbitTimeoutError:
-        return VowpalWabbitTimeoutError(
-            f"the vw engine owed {slot.channel.in_flight_lines} answers and printed nothing for "
-            f"{self.io_timeout_s:g} s (io_timeout_s); it may be stopped or stuck",
-            argv=self.argv)
 
     def _no_engine_error(self, start: Optional[float]) -> VowpalWabbitBusyError:
         if start is None:
@@ -939,16 +934,9 @@ class PoolBase(ClientBase):
         found += [(slot, torn_channel_error()) for slot in list(self._roster.slots)
                   if not slot.held and slot.channel.torn and self._take_out_now(slot)]
         for slot in self._roster.stuck(_clock(), self.io_timeout_s):
-            error: BaseException
-            try:
-                pump(slot.engine, slot.channel, _clock())
-            except ENGINE_FAILURES as exc:
-                error = exc
-            else:
-                if slot.channel.bytes_received != slot.quiet_mark:
-                    slot.note_progress(_clock())  # it was answering: not stuck
-                    continue
-                error = self._stuck_error(slot)
+            error = stuck_engine_error(slot.engine, slot.channel, self.io_timeout_s, self.argv)
+            if error is None:
+                continue  # it was answering: not stuck
             if self._take_out_now(slot):
                 found.append((slot, error))
         if found:

@@ -29,7 +29,7 @@ from .lines import audit_line, parse_scalar
 from .saving import ModelSave
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
-from .transfer import ENGINE_FAILURES, torn_channel_error
+from .transfer import ENGINE_FAILURES, stuck_engine_error, torn_channel_error
 
 logger = logging.getLogger("subwabbit")
 
@@ -248,6 +248,22 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         if channel is not None and channel.torn and self._broken is None:
             self._fail(torn_channel_error())
 
+    def _fail_if_stuck(self, metrics: Optional[Dict[str, Any]]) -> None:
+        """An engine that has owed answers and printed nothing for
+        ``io_timeout_s`` has failed (:func:`~subwabbit.transfer.stuck_engine_error`):
+        the call restarts it or raises, as after a crash (counted in its
+        metrics). Calls with deadlines return before ``io_timeout_s`` passes,
+        so without this a stopped engine made every one of them return
+        nothing, for good. Asked only by the thread that holds the process."""
+        engine, channel = self._engine, self._channel
+        if engine is None or channel is None or self._broken is not None:
+            return
+        with self._step_lock:
+            error = stuck_engine_error(engine, channel, self.io_timeout_s, self.argv)
+        if error is not None:
+            self._fail(error)
+            self._count_failure(metrics)
+
     def _engine_or_raise(self) -> Tuple[EngineProcess, Channel]:
         engine, channel = self._engine, self._channel
         if self._closed:
@@ -394,6 +410,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise self._busy_error(waited)
         try:
             self._fail_if_torn()
+            self._fail_if_stuck(metrics)
             if not self._ensure_engine(deadline, metrics):
                 if quiet_deadline and deadline is not None:
                     self._end_turn(token)

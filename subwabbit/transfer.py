@@ -29,6 +29,34 @@ def torn_channel_error() -> VowpalWabbitProtocolError:
         "other call")
 
 
+def stuck_engine_error(engine: EngineProcess, channel: Channel, idle_s: Optional[float],
+                       argv: Any = None) -> Optional[VowpalWabbitError]:
+    """Between calls: the failure of an engine that has owed answers and
+    printed nothing for ``idle_s`` (:meth:`Channel.quiet_for
+    <subwabbit.core.channel.Channel.quiet_for>`), or ``None``. Calls with
+    deadlines end long before ``idle_s``, so a stopped engine is found here,
+    not by them. Nobody reads the pipe between calls: what the engine
+    printed meanwhile is read first (answers of ended calls, discarded), and
+    only an engine with still nothing to read, or whose pipe failed, is stuck.
+
+    :param argv: the engine's command, for the error
+    """
+    now = _clock()
+    channel.note_progress(now)
+    if not channel.quiet_for(now, idle_s):
+        return None
+    try:
+        pump(engine, channel, now)
+    except ENGINE_FAILURES as exc:
+        return exc
+    channel.note_progress(now)
+    if not channel.quiet_for(now, idle_s):
+        return None  # it was answering
+    return VowpalWabbitTimeoutError(
+        f"the vw engine owed {channel.in_flight_lines} answers and printed nothing for "
+        f"{idle_s:g} s (io_timeout_s); it may be stopped or stuck", argv=argv)
+
+
 #: The longest an event-loop driver works without giving the loop a turn.
 YIELD_AFTER_S = 0.0005
 

@@ -6,6 +6,7 @@ one) through both process classes.
 
 import asyncio
 import gc
+import inspect
 import logging
 import math
 import os
@@ -758,6 +759,74 @@ def test_a_stopped_engine_fails_a_call_with_no_limit_after_io_timeout_s(trained_
         finally:
             os.kill(model.pid, signal.SIGCONT)
         assert len(raised) == 1 and isinstance(raised[0], VowpalWabbitTimeoutError)
+
+
+def _calls_on_a_stopped_engine(cls, model_path, restart):
+    """Calls with a 10 ms deadline, 20 ms apart for up to 5 s, on a process
+    whose engine is stopped (``SIGSTOP``) after a first call: each call's
+    outcome (predictions, or the error) and metrics, until one gets every
+    prediction (with ``restart_on_crash``) or the calls raise."""
+    outcomes = []
+
+    async def run():
+        model = cls(DictFormatter(), scoring_args(model_path), io_timeout_s=0.5,
+                    restart_on_crash=restart)
+
+        async def predict(**kwargs):
+            got = model.predict(common(2), _items(300), **kwargs)
+            return await got if inspect.iscoroutine(got) else list(got)
+
+        try:
+            await predict(timeout=5.0)
+            stopped = model.pid
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                until = time.monotonic() + 5.0
+                while time.monotonic() < until:
+                    metrics = {}
+                    try:
+                        got = await predict(timeout=0.010, metrics=metrics)
+                    except VowpalWabbitError as exc:
+                        outcomes.append((exc, metrics))
+                        if len(outcomes) > 3 and isinstance(outcomes[-4][0], VowpalWabbitError):
+                            return
+                    else:
+                        outcomes.append((got, metrics))
+                        if len(got) == 300:
+                            return
+                    await asyncio.sleep(0.02)
+            finally:
+                _resume(stopped)
+        finally:
+            closed = model.close(1.0)
+            if inspect.iscoroutine(closed):
+                await closed
+
+    asyncio.run(run())
+    return outcomes
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restart_on_crash", "no_restart"])
+@pytest.mark.parametrize("cls", [VowpalWabbitNonBlockingProcess, AsyncVowpalWabbitProcess],
+                         ids=["nonblocking", "asyncio"])
+def test_a_stopped_engine_is_failed_between_calls_with_deadlines(cls, restart, trained_model,
+                                                                 truth):
+    """Calls with a deadline end long before ``io_timeout_s``: an engine
+    stopped while it owed answers made every later call return nothing, for
+    good, even with ``restart_on_crash`` (found by a review). Between calls,
+    an engine that has owed answers and printed nothing for ``io_timeout_s``
+    has failed, counted in the metrics of the call that finds it: with
+    ``restart_on_crash`` later calls get a new engine and their own
+    predictions; without, they raise, naming the cause."""
+    outcomes = _calls_on_a_stopped_engine(cls, trained_model, restart)
+    failed = [metrics for _, metrics in outcomes if metrics.get("engine_failures")]
+    assert len(failed) == 1
+    last = outcomes[-1][0]
+    if restart:
+        assert last == pytest.approx(truth[trained_model][2][:300], abs=1e-6)
+    else:
+        assert isinstance(last, VowpalWabbitError)
+        assert "printed nothing for 0.5 s (io_timeout_s)" in str(last)
 
 
 def test_an_unfinished_save_is_cleaned_up_only_once_the_engine_wrote_its_file(tmp_path):

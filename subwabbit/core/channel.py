@@ -244,6 +244,11 @@ class Channel:
         #: bytes written and received so far (progress counts)
         self.bytes_written = 0
         self.bytes_received = 0
+        #: since when the engine has owed answers and printed nothing, as
+        #: last noted between calls (``None``: it owed none); see
+        #: :meth:`note_progress`
+        self.quiet_since: Optional[float] = None
+        self._quiet_mark = -1
         #: changes of the channel under way: one that an exception cut short
         #: leaves it above 0 (see :attr:`torn`)
         self._changing = 0
@@ -261,6 +266,29 @@ class Channel:
         An exception from outside a change (a formatter's, a caller's
         between two predictions) leaves it exact."""
         return self._changing > 0
+
+    # ------------------------------------------------------- a quiet engine
+
+    def note_progress(self, now: float) -> None:
+        """Start or stop the clock of an engine that owes answers and prints
+        nothing (called between calls, when a call ends or before one
+        begins; nobody reads the engine's pipe in between): stopped when it
+        owes none, started again when it printed something since the clock
+        started."""
+        if not self.in_flight_lines:
+            self.quiet_since = None
+        elif self.quiet_since is None or self.bytes_received != self._quiet_mark:
+            self.quiet_since = now
+            self._quiet_mark = self.bytes_received
+
+    def quiet_for(self, now: float, idle_s: Optional[float]) -> bool:
+        """Whether the engine has owed answers, with no byte of output, for
+        ``idle_s`` (``None``: no limit) by the clock of :meth:`note_progress`.
+        Calls with deadlines end before any such wait: an engine that
+        stopped (``SIGSTOP``, a hung engine) is found this way between them."""
+        return (idle_s is not None and self.quiet_since is not None
+                and self.bytes_received == self._quiet_mark
+                and now - self.quiet_since >= idle_s)
 
     # ----------------------------------------------------------------- calls
 

@@ -27,8 +27,7 @@ class Slot:
     :param generation: the model generation it serves
     """
 
-    __slots__ = ("engine", "channel", "generation", "held", "number", "quiet_since",
-                 "quiet_mark", "close_on_return")
+    __slots__ = ("engine", "channel", "generation", "held", "number", "close_on_return")
 
     def __init__(self, engine: Any, channel: Channel, generation: int, number: int) -> None:
         self.engine = engine
@@ -38,28 +37,19 @@ class Slot:
         self.held = False
         #: a number for logs, unique in the pool
         self.number = number
-        #: since when it owes answers and printed nothing (``None``: it does not)
-        self.quiet_since: Optional[float] = None
-        self.quiet_mark = -1
         #: the pool was closed while a call held it: that call closes it when
         #: it gives it back (its pipes are the call's until then)
         self.close_on_return = False
 
     def note_progress(self, now: float) -> None:
         """Called when a call gives the engine back: start or stop the clock
-        of an engine that owes answers and prints nothing."""
-        channel = self.channel
-        if not channel.in_flight_lines:
-            self.quiet_since = None
-        elif self.quiet_since is None or channel.bytes_received != self.quiet_mark:
-            self.quiet_since = now
-            self.quiet_mark = channel.bytes_received
+        of an engine that owes answers and prints nothing
+        (:meth:`Channel.note_progress <subwabbit.core.channel.Channel.note_progress>`)."""
+        self.channel.note_progress(now)
 
     def stuck(self, now: float, idle_s: Optional[float]) -> bool:
         """Whether it has owed answers, with no byte of output, for ``idle_s``."""
-        return (idle_s is not None and self.quiet_since is not None
-                and self.channel.bytes_received == self.quiet_mark
-                and now - self.quiet_since >= idle_s)
+        return self.channel.quiet_for(now, idle_s)
 
     def __repr__(self) -> str:
         return (f"<Slot #{self.number} generation={self.generation} held={self.held} "
