@@ -290,11 +290,22 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return self._broken is not None and self.restart_on_crash
 
     def _check_usable(self) -> None:
-        """Raise now, at the call, what the call would raise once it starts."""
-        if self._closed or not self._needs_new_engine():
+        """Raise now, at the call, what the call would raise once it starts:
+        that the object is closed, that its engine failed (without
+        ``restart_on_crash``), or that it is a fork's (without
+        ``restart_after_fork``). Not that it has no engine, or a closed one,
+        at this moment: another thread's :meth:`restart` holds the process
+        while it replaces the engine, and the call waits for it as for any
+        other call (:meth:`_begin_call` checks the engine once it holds the
+        process)."""
+        if self._closed:
+            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+        if self._needs_new_engine():
+            if (self._engine is None and self._in_forked_child()
+                    and not self.restart_after_fork):
+                raise self._fork_error()
+        elif self._broken is not None:
             self._engine_or_raise()
-        elif self._engine is None and not self.restart_after_fork:
-            raise self._fork_error()
 
     def _wait_for_turn(self, token: object, wait_until: Optional[float]) -> bool:
         """Hold the process for the call ``token``, waiting for another thread's call.

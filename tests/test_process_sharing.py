@@ -16,7 +16,8 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError, VowpalWabbitNonBlockingProcess,
                        VowpalWabbitProcess)
 
-from conftest import DictFormatter, common, in_child, items, scoring_args
+from conftest import (DictFormatter, common, in_child, items, scoring_args,
+                      slow_starting_engine)
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
 
@@ -204,3 +205,42 @@ def test_iterator_finished_in_another_thread_while_its_first_thread_calls_again(
     for p in problems:
         print("PROBLEM", p)
     assert not problems, problems[:8]
+
+
+@pytest.mark.parametrize("call", ["blocking predict", "nonblocking predict", "train", "save"])
+def test_a_call_made_while_another_thread_restarts_waits_for_the_new_engine(
+        call, trained_model, truth, tmp_path):
+    # Found by a review: a call that came while restart() replaced the
+    # engine raised "has no engine" (or "is closed") at once, instead of
+    # waiting for its turn as it does behind any other call.
+    flag, command = slow_starting_engine(tmp_path, 1.0)
+    write_only = call in ("train", "save")
+    cls = VowpalWabbitNonBlockingProcess if call == "nonblocking predict" else VowpalWabbitProcess
+    if write_only:
+        model = VowpalWabbitProcess(DictFormatter(), ["--quiet"], write_only=True,
+                                    vw_command=command)
+    else:
+        model = cls(DictFormatter(), scoring_args(trained_model), vw_command=command)
+    try:
+        flag.touch()  # the next engine starts a second late
+        restarting = threading.Thread(target=model.restart)
+        restarting.start()
+        deadline = time.time() + 10
+        while model.pid is not None and restarting.is_alive() and time.time() < deadline:
+            time.sleep(0.001)
+        assert restarting.is_alive(), "the restart ended before the call could come"
+        metrics = {}
+        if call == "train":
+            model.train(common(1), items(5), [1, -1, 1, -1, 1])
+        elif call == "save":
+            model.save(str(tmp_path / "saved.vw"))
+            assert (tmp_path / "saved.vw").stat().st_size > 0
+        else:
+            got = list(model.predict(common(1), items(300), metrics=metrics))
+            assert got == pytest.approx(truth[trained_model][1][:300], abs=1e-6)
+            assert metrics["waited_for_other_call"] == 1
+        restarting.join(10)
+        assert model.restart_count == 1
+    finally:
+        flag.unlink(missing_ok=True)
+        model.close()
