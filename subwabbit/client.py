@@ -9,6 +9,7 @@ base: the I/O is theirs, everything else is here once.
 """
 
 import atexit
+import collections
 import itertools
 import logging
 import math
@@ -97,6 +98,37 @@ class ReloadPlan(NamedTuple):
     #: the reduction that probe examples would teach (see
     #: :func:`~subwabbit.core.kinds.probes_would_teach`), or ``None``
     probes_teach: Optional[str] = None
+
+
+class FifoLock:
+    """A lock that threads get in the order they asked for it, which
+    reloads take so that the last one asked for serves. A
+    ``threading.Lock`` is not fair: the thread that releases it takes it
+    again before a waiting thread wakes, so a reload asked for after one
+    that waits (a retry at once, say) ran before it, and the older model
+    served."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        #: the threads' turns; the first one holds the lock
+        self._turns: "collections.deque[object]" = collections.deque()
+
+    def __enter__(self) -> None:
+        turn = object()
+        with self._cond:
+            self._turns.append(turn)
+            try:
+                while self._turns[0] is not turn:
+                    self._cond.wait()
+            except BaseException:  # (interrupted while waiting: give up the turn)
+                self._turns.remove(turn)
+                self._cond.notify_all()
+                raise
+
+    def __exit__(self, *exc_info: Any) -> None:
+        with self._cond:
+            self._turns.popleft()
+            self._cond.notify_all()
 
 
 class ClientBase:

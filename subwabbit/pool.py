@@ -7,7 +7,6 @@ holds, and on a condition variable for a free engine, so threads hold no lock
 while they do I/O.
 """
 
-import collections
 import logging
 import os
 import select
@@ -17,7 +16,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .base import VowpalWabbitBaseFormatter
-from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
+from .client import DEFAULT_IO_TIMEOUT_S, FifoLock, MetricsHook
 from .command import VwArgs
 from .core.roster import Slot
 from .core.split import Lane
@@ -104,7 +103,7 @@ class VowpalWabbitPool(PoolBase):
                  prediction_type: Optional[str] = None,
                  low_priority_engines: Optional[bool] = None) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._reload_lock = _FifoLock()
+        self._reload_lock = FifoLock()
         #: engines (and groups) to stop once the state lock is released (see :meth:`_discard`)
         self._discards: List["tuple[List[EngineProcess], Optional[EngineGroup]]"] = []
         self._configure_pool(formatter, vw_args, size, batch_size=batch_size,
@@ -285,7 +284,7 @@ class VowpalWabbitPool(PoolBase):
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._reload_lock = _FifoLock()
+        self._reload_lock = FifoLock()
         # The parent's to stop, not ours: let go of them untouched.
         discards, self._discards = self._discards, []
         for engines, group in discards:
@@ -389,35 +388,6 @@ class VowpalWabbitPool(PoolBase):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-
-class _FifoLock:
-    """A lock that threads get in the order they asked for it. A
-    ``threading.Lock`` is not: the thread that releases it takes it again
-    before a waiting thread wakes, so a reload asked for after one that
-    waits (a retry at once, say) ran before it, and the older model served."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        #: the threads' turns; the first one holds the lock
-        self._turns: "collections.deque[object]" = collections.deque()
-
-    def __enter__(self) -> None:
-        turn = object()
-        with self._cond:
-            self._turns.append(turn)
-            try:
-                while self._turns[0] is not turn:
-                    self._cond.wait()
-            except BaseException:  # (interrupted while waiting: give up the turn)
-                self._turns.remove(turn)
-                self._cond.notify_all()
-                raise
-
-    def __exit__(self, *exc_info: Any) -> None:
-        with self._cond:
-            self._turns.popleft()
-            self._cond.notify_all()
 
 
 def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: threading.Condition,

@@ -15,7 +15,7 @@ from typing import (Any, Callable, Deque, Dict, Iterable, Iterator, List, Option
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
 # AUDIT_LINES_PER_EXAMPLE and DEFAULT_IO_TIMEOUT_S stay importable from here, as in 3.0.
 from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase,  # noqa: F401
-                     MetricsHook)
+                     FifoLock, MetricsHook)
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
@@ -155,6 +155,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         #: that call's until it ends its turn, which closes them
         self._close_on_turn_end: Optional[EngineProcess] = None
         self._closed = False
+        #: taken by reload(), so that overlapping reloads switch in the order asked for
+        self._reload_lock = FifoLock()
         VowpalWabbitBaseModel.__init__(self, formatter)
         self._configure(formatter, vw_args, batch_size, write_only=write_only,
                         audit_mode=audit_mode, vw_command=vw_command, metrics_hook=metrics_hook,
@@ -559,7 +561,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         engine is closed in the background (within ``timeout``; its ``-f``
         model, if any, is written). What the old engine had in flight is
         dropped with it. A process that had failed is healthy again after a
-        reload.
+        reload. Reloads asked for at the same time run one after the other,
+        in the order they were asked for: the last one serves.
 
         :param vw_args: the new engine arguments
         :param timeout: seconds the old engine gets to exit
@@ -571,30 +574,36 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        plan = self._plan_reload(vw_args)
-        engine = self._start_engine(argv=plan.argv, probes_teach=plan.probes_teach)
-        began = time.perf_counter()
-        token = object()
-        if not self._wait_for_turn(token, self._turn_limit(began, None)):
-            engine.abort()
-            raise self._busy_error(time.perf_counter() - began)
-        try:
-            if self._closed:
-                engine.abort()
+        # One at a time, in the order asked for: the last one asked for
+        # serves (else two overlapping reloads switched in the order their
+        # engines happened to start, and the older model could stay).
+        with self._reload_lock:
+            if self._closed:  # (while an earlier reload ran)
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
-            self._fail_if_torn()  # (then the old engine is closed as a failed one)
-            if self._replacement is not None:
-                self._replacement.cancel(timeout)
-                self._replacement = None
-            old = self._engine
-            if self._in_forked_child():
-                old = None  # the parent's: never touched here
-            self._reloaded(plan)
-            self._abandon_channel("the process switched to a new engine (reload)")
-            self._adopt(engine)
-            failed, self._broken = self._broken, None
-        finally:
-            self._end_turn(token)
+            plan = self._plan_reload(vw_args)
+            engine = self._start_engine(argv=plan.argv, probes_teach=plan.probes_teach)
+            began = time.perf_counter()
+            token = object()
+            if not self._wait_for_turn(token, self._turn_limit(began, None)):
+                engine.abort()
+                raise self._busy_error(time.perf_counter() - began)
+            try:
+                if self._closed:
+                    engine.abort()
+                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                self._fail_if_torn()  # (then the old engine is closed as a failed one)
+                if self._replacement is not None:
+                    self._replacement.cancel(timeout)
+                    self._replacement = None
+                old = self._engine
+                if self._in_forked_child():
+                    old = None  # the parent's: never touched here
+                self._reloaded(plan)
+                self._abandon_channel("the process switched to a new engine (reload)")
+                self._adopt(engine)
+                failed, self._broken = self._broken, None
+            finally:
+                self._end_turn(token)
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:
@@ -912,6 +921,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._turn_queue = collections.deque()
         self._holder = None
         self._step_lock = threading.Lock()  # (a parent's thread may have held it)
+        self._reload_lock = FifoLock()
         try:
             if self._engine is not None:
                 self._engine.abandon_in_fork()

@@ -259,6 +259,35 @@ def test_overlapping_reloads_of_a_thread_pool_serve_the_last_one_asked_for(tmp_p
         assert v3 in pool.vw_args
 
 
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_overlapping_reloads_of_a_single_process_serve_the_last_one_asked_for(kind, tmp_path):
+    # Found by a review: a single process switched to each reload's engine
+    # as soon as it had started, so the reload whose engine started last
+    # served, though another was asked for after it.
+    v1, v2, v3 = _three_models(tmp_path)
+    parts = ["|i a", "|i b"]
+    with SYNC[kind](VowpalWabbitDummyFormatter(), ["-i", v1, "-t", "--quiet"]) as model:
+        start = model._start_engine  # pylint: disable=protected-access
+
+        def slow_for_v2(on_spawn=None, argv=None, probes_teach=None):
+            if argv is not None and v2 in argv:
+                time.sleep(0.5)  # a large model loading
+            return start(on_spawn, argv, probes_teach)
+
+        model._start_engine = slow_for_v2  # pylint: disable=protected-access
+        first = threading.Thread(target=model.reload, args=(["-i", v2, "-t", "--quiet"],))
+        first.start()
+        time.sleep(0.1)
+        model.reload(["-i", v3, "-t", "--quiet"])  # asked for last
+        first.join(30)
+        newest = list(model.predict("|u x", parts))
+        assert v3 in model.vw_args, model.vw_args
+        assert newest[0] < newest[1]  # v3 scores the items the other way round
+        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                 ["-i", v3, "-t", "--quiet"]) as fresh:
+            assert newest == pytest.approx(list(fresh.predict("|u x", parts)), abs=1e-6)
+
+
 def test_overlapping_reloads_of_an_asyncio_pool_serve_the_last_one_asked_for(tmp_path):
     v1, v2, v3 = _three_models(tmp_path)
     parts = ["|i a", "|i b"]
