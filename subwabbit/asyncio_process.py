@@ -178,6 +178,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                         prediction_type=prediction_type)
         self._broken: Optional[BaseException] = None
         self._turn = _FifoTurn()
+        #: taken by reload(), so that overlapping reloads switch in the order asked for
+        self._reload_turn = _FifoTurn()
         self._starting: Optional["asyncio.Task[EngineProcess]"] = None
         self._closing: Optional["asyncio.Future[None]"] = None
         self._ever_started = False
@@ -509,6 +511,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     def _after_fork_in_child(self) -> None:
         self._turn = _FifoTurn()
+        self._reload_turn = _FifoTurn()
         try:
             if self._engine is not None:
                 self._engine.abandon_in_fork()
@@ -879,7 +882,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         <subwabbit.process_model.VowpalWabbitProcessModel.reload>`. The new
         engine is started while calls go on; the switch waits for the call in
         progress (calls are served in arrival order), and the old engine is
-        closed in the background.
+        closed in the background. Reloads asked for at the same time run one
+        after the other, in the order they were asked for: the last one serves.
 
         :raises VowpalWabbitStartupError: when the new engine cannot start;
             the object goes on with the old one
@@ -887,37 +891,44 @@ class AsyncVowpalWabbitProcess(ClientBase):
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
-        # The model file's header is read off the event loop.
-        plan = await asyncio.get_running_loop().run_in_executor(None, self._plan_reload, vw_args)
-        engine = await self._start_engine(plan.argv, plan.probes_teach)
-        limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
-        try:
-            acquired = await self._turn.acquire(limit)
-        except BaseException:
-            _abort_off_loop(engine)
-            raise
-        if not acquired:
-            _abort_off_loop(engine)
-            raise VowpalWabbitBusyError("another task's call held the object too long",
-                                        argv=self.argv)
-        try:
-            if self._closed:
-                _abort_off_loop(engine)
+        # One at a time, in the order asked for: the last one asked for serves
+        # (else overlapping reloads switched in the order their engines
+        # happened to start, and an older model could stay).
+        async with self._reload_turn:
+            if self._closed:  # (while an earlier reload ran)
                 raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            # The model file's header is read off the event loop.
+            plan = await asyncio.get_running_loop().run_in_executor(None, self._plan_reload,
+                                                                    vw_args)
+            engine = await self._start_engine(plan.argv, plan.probes_teach)
+            limit = None if self.io_timeout_s is None else _clock() + self.io_timeout_s
             try:
-                await self._cancel_start()
+                acquired = await self._turn.acquire(limit)
             except BaseException:
                 _abort_off_loop(engine)
                 raise
-            old = None if self._in_forked_child() else self._engine
-            failed = self._broken is not None or (self._channel is not None
-                                                  and self._channel.torn)
-            self._reloaded(plan)
-            restarts = self._restart_count
-            self._adopt(engine)
-            self._restart_count = restarts  # a reload is not a restart
-        finally:
-            self._turn.release()
+            if not acquired:
+                _abort_off_loop(engine)
+                raise VowpalWabbitBusyError("another task's call held the object too long",
+                                            argv=self.argv)
+            try:
+                if self._closed:
+                    _abort_off_loop(engine)
+                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                try:
+                    await self._cancel_start()
+                except BaseException:
+                    _abort_off_loop(engine)
+                    raise
+                old = None if self._in_forked_child() else self._engine
+                failed = self._broken is not None or (self._channel is not None
+                                                      and self._channel.torn)
+                self._reloaded(plan)
+                restarts = self._restart_count
+                self._adopt(engine)
+                self._restart_count = restarts  # a reload is not a restart
+            finally:
+                self._turn.release()
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:

@@ -288,6 +288,35 @@ def test_overlapping_reloads_of_a_single_process_serve_the_last_one_asked_for(ki
             assert newest == pytest.approx(list(fresh.predict("|u x", parts)), abs=1e-6)
 
 
+def test_overlapping_reloads_of_an_asyncio_process_serve_the_last_one_asked_for(tmp_path):
+    # As the sync classes (found by a review: the older model served in 6
+    # of 10 runs): each reload switched once its own engine had started.
+    v1, v2, v3 = _three_models(tmp_path)
+    parts = ["|i a", "|i b"]
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                            ["-i", v1, "-t", "--quiet"]) as model:
+            start = model._start_engine  # pylint: disable=protected-access
+
+            async def slow_for_v2(argv=None, probes_teach=None):
+                if argv is not None and v2 in argv:
+                    await asyncio.sleep(0.5)  # a large model loading
+                return await start(argv, probes_teach)
+
+            model._start_engine = slow_for_v2  # pylint: disable=protected-access
+            first = asyncio.ensure_future(model.reload(["-i", v2, "-t", "--quiet"]))
+            await asyncio.sleep(0.1)
+            await model.reload(["-i", v3, "-t", "--quiet"])  # asked for last
+            await first
+            return await model.predict("|u x", parts), model.vw_args
+
+    newest, vw_args = asyncio.run(main())
+    assert v3 in vw_args, vw_args
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", v3, "-t", "--quiet"]) as fresh:
+        assert newest == pytest.approx(list(fresh.predict("|u x", parts)), abs=1e-6)
+
+
 def test_overlapping_reloads_of_an_asyncio_pool_serve_the_last_one_asked_for(tmp_path):
     v1, v2, v3 = _three_models(tmp_path)
     parts = ["|i a", "|i b"]
