@@ -33,8 +33,9 @@ from .model_file import saved_options_of
 from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
 from .errors import VowpalWabbitError
-from .lines import (CheckedLines, breaks_no_line, check_labelled_lines, check_lines,
-                    common_part_holds_the_header, encode_example)
+from .lines import (CheckedLines, breaks_no_line, check_labelled_lines, check_line_labels,
+                    check_lines, common_part_holds_the_header, parts_add_no_label_words,
+                    encode_example)
 
 logger = logging.getLogger("subwabbit")
 
@@ -436,13 +437,18 @@ class ClientBase:
             encode_example(lines)  # checks that the lines make exactly one example
             return lines
         join = example_joiner(formatter)
+        # With the default joining, a common part that holds the header and
+        # adds no label word leaves each line the label (and weight) checked above.
+        rule = kind.label_words_rule()
+        if rule is not None and join is None and parts_add_no_label_words(common, parts):
+            rule = None
         if join is None and not weighted and all(type(label) in _PLAIN_LABELS
                                                  for label in labels):
             # The default joining, inline: "LABEL COMMON ITEM" (plain numbers
             # print as str() prints them, as get_formatted_example does).
             middle = f" {common} "
             lines = CheckedLines(f"{label}{middle}{part}" for label, part in zip(labels, parts))
-            if (common_part_holds_the_header(common) and breaks_no_line(flat)
+            if (rule is None and common_part_holds_the_header(common) and breaks_no_line(flat)
                     and "\t" not in common.split("|", 1)[0]):
                 return lines
         else:
@@ -451,6 +457,8 @@ class ClientBase:
                      for part, label, weight in zip(parts, labels, weights)]
         checked = check_lines(lines)
         check_labelled_lines(checked)
+        if rule is not None:
+            check_line_labels(checked, rule, what="training example")
         return checked
 
     def _train_metrics(self) -> Optional[Dict[str, Any]]:

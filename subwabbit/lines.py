@@ -16,10 +16,16 @@ first ``|``): a labelled line and every line of a multi-line example must
 have nothing but spaces before such a tab, or the label (or ``shared``) is
 lost without a word
 (:func:`check_header_without_tab`).
+
+The label words vw reads in a single-line example's header
+(:func:`label_words`) must be a label of the model's kind as vw reads it
+(:func:`check_line_labels`, with the kind's rule): under ``--oaa`` a word
+such as ``x`` or ``1:2`` ends the engine, and under ``--csoaa`` it makes a
+nonsense prediction without a word.
 """
 
 import re
-from typing import Iterator, List, Sequence, Union, overload
+from typing import Callable, Iterator, List, Optional, Sequence, Union, overload
 
 from .errors import VowpalWabbitProtocolError
 
@@ -273,6 +279,69 @@ def label_words(line: str) -> List[str]:
     if words and (not header.endswith(" ") or words[-1].startswith("'")):
         words.pop()  # the tag
     return words
+
+
+#: A kind's rule for the label words of a single-line example: the problem
+#: with ``words`` (from :func:`label_words`), or ``None`` when vw reads them
+#: as written (:meth:`PredictionKind.label_words_problem
+#: <subwabbit.core.kinds.PredictionKind.label_words_problem>`).
+LabelRule = Callable[[List[str]], Optional[str]]
+
+
+def label_problem(words: List[str], what: str, rule: LabelRule, line: str) -> Optional[str]:
+    """The message of the ValueError for ``what`` when ``rule`` refuses
+    ``words``, the label words of ``line`` (``None``: no problem)."""
+    problem = rule(words) if words else None
+    if problem is None:
+        return None
+    return (f"{what} has {' '.join(words)!r} before its first '|', which vw reads as the "
+            f"label of the example: {problem}: {line!r}")
+
+
+def check_line_labels(lines: Sequence[str], rule: LabelRule, first_index: int = 0,
+                      what: str = "formatted example") -> None:
+    """Check the label words vw reads in each of ``lines`` (single-line
+    examples, already checked by :func:`check_line`) with a kind's ``rule``:
+    a line starting with ``|`` has none.
+
+    :param first_index: the position of ``lines[0]``, for error messages
+    :param what: how to name a line in the error message (``#N`` follows)
+    :raises ValueError: for the first line whose label ``rule`` refuses
+    """
+    for offset, line in enumerate(lines):
+        bar = line.find("|")
+        if bar >= 0 and not line[:bar].strip(" "):
+            continue  # (a blank header has no label words: the common case, cheaply)
+        message = label_problem(label_words(line), f"{what} #{first_index + offset}", rule, line)
+        if message is not None:
+            raise ValueError(message)
+
+
+def shared_header(common: str, parts: Sequence[str]) -> Optional[str]:
+    """The header (the text before the first ``|``) that the common part
+    gives every line made of ``common``, a space and one of ``parts`` (the
+    default joining; a label may come first), when it is the same in all:
+    ``common`` holds a ``|``, or every part starts with one. ``None``
+    otherwise: each line has its own header.
+
+    :param common: a common part already checked by :func:`check_line_part`
+    :param parts: the item parts, all ``str``
+    """
+    bar = common.find("|")
+    if bar >= 0:
+        return common[:bar]
+    # (a set of first characters: the cheapest scan, a third of a generator's cost)
+    return common + " " if parts and {part[:1] for part in parts} == {"|"} else None
+
+
+def parts_add_no_label_words(common: str, parts: Sequence[str]) -> bool:
+    """Whether training lines made of a label (and weight), ``common``, a
+    space and each of ``parts`` (the default joining) have no label words
+    but the label's: the header :func:`shared_header` finds has none, and
+    no tab (which would drop the label: :func:`check_header_without_tab`)."""
+    header = shared_header(common, parts)
+    # (a byte order mark after the label is no line's start: vw reads it as a word)
+    return header is not None and "\t" not in header and not label_words(" " + header + "|")
 
 
 def _check_example_label(line: str, what: str, item: bool) -> None:

@@ -436,3 +436,57 @@ def test_sample_item_boundaries_and_rounded_sums():
 def test_sample_item_refuses_what_is_not_a_distribution(probabilities, message):
     with pytest.raises(ValueError, match=message):
         sample_item(probabilities, random.Random(0))
+
+
+# ------------------------------------------------- label words in a line's header
+
+@pytest.mark.parametrize("args, words", [
+    (["--oaa", "3"], ["2"]), (["--oaa", "3"], ["+3", "0.5"]), (["--oaa", "3"], ["1", "0"]),
+    (["--oaa", "3", "--indexing", "0"], ["0"]),
+    (["--oaa", "3", "--named_labels", "a,b,c"], ["c", "2"]),
+    (["--csoaa", "3"], ["1:0", "2:1.5", "3:-1e3"]), (["--csoaa", "3"], ["2", "3"]),
+    (["--multilabel_oaa", "3"], ["0,2"]), (["--plt", "6"], ["5,0"]),
+    (["--cb", "3"], ["1:2:0.5"]), (["--cb", "3"], ["3:-1:1", "1"]),
+    (["--cb_explore", "3"], ["2:1.5:0.25"]),
+])
+def test_label_words_vw_reads_as_written_pass(args, words):
+    assert choose_kind(args).label_words_problem(words) is None
+
+
+@pytest.mark.parametrize("args, words, message", [
+    (["--oaa", "3"], ["x"], "'x' is not a class label, an int from 1 to 3"),
+    (["--oaa", "3"], ["1:2"], "not a class label"),          # vw exits
+    (["--oaa", "3"], ["0"], "out of range"),                 # vw counts from 0 from then on
+    (["--oaa", "3"], ["2", "x"], "importance weight 'x'"),   # read as 0
+    (["--oaa", "3"], ["2", "-1"], "importance weight '-1'"),
+    (["--oaa", "3"], ["2", "1e39"], "importance weight"),    # an infinity
+    (["--oaa", "3"], ["2", "1", "1"], "3 words"),            # vw exits
+    (["--oaa", "3", "--named_labels", "a,b,c"], ["d"], "'d' is not a class"),
+    (["--csoaa", "3"], ["+1:0"], "not a class label"),       # hashed
+    (["--csoaa", "3"], ["1:"], "the cost in '1:'"),
+    (["--csoaa", "3"], ["1:0", "1:1"], "comes twice"),
+    (["--multilabel_oaa", "3"], ["2,0"], "increasing order"),
+    (["--multilabel_oaa", "3"], ["0", "1"], "2 words"),
+    (["--plt", "6"], ["0,,1"], "'' is not a label"),
+    (["--cb", "3"], ["1:2:3:4"], "more than three parts"),   # vw exits
+    (["--cb", "3"], ["1:1"], "a cost but no probability"),
+    (["--cb", "3"], ["1:1:1.5"], "a probability in (0, 1]"),
+    (["--cb", "3"], ["1:1:0.5", "2:0:0.5"], "more than one action has a cost"),
+    (["--cb", "3"], ["1:1e-200:0.5"], "numbers vw reads as written"),  # 8-bit exponent
+])
+def test_label_words_vw_misreads_are_named_with_the_kinds_rule(args, words, message):
+    problem = choose_kind(args).label_words_problem(words)
+    assert problem is not None and message in problem and " reads " in problem
+
+
+def test_a_scalar_model_and_multi_line_kinds_check_no_label_words():
+    assert choose_kind([]).label_words_rule() is None
+    assert choose_kind(["--cb_explore_adf"]).label_words_rule() is None
+    assert choose_kind(["--plt", "3"], default="label_strings").label_words_rule() is not None
+
+
+def test_multilabel_labels_are_written_in_increasing_order_once():
+    """--multilabel_oaa reads a label list in increasing order only ('2,0'
+    learns class 2 alone); a list in any order is written sorted."""
+    kind = choose_kind(["--multilabel_oaa", "3"])
+    assert kind.check_labels([[2, 0], "1,0,1"]) == ["0,2", "0,1"]

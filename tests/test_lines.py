@@ -377,3 +377,26 @@ def test_a_tab_with_nothing_but_spaces_before_it_drops_nothing(line):
 ])
 def test_label_words_split_the_header_as_vw_does(line, words):
     assert label_words(line) == words
+
+
+def _no_x(words):
+    return "no x" if "x" in words else None
+
+
+def test_check_line_labels_names_the_line_and_skips_blank_headers():
+    from subwabbit.lines import check_line_labels  # pylint: disable=import-outside-toplevel
+    check_line_labels(["|u x", "  |u x", "'x |u a", "y|u a"], _no_x)
+    with pytest.raises(ValueError, match=r"training example #4 has 'x' before its first '\|'"
+                                         r".*: no x: 'x \|u a'"):
+        check_line_labels(["|u a", "x |u a"], _no_x, first_index=3, what="training example")
+
+
+@pytest.mark.parametrize("common, parts, header", [
+    ("t |u a", ["x |i b"], "t "),        # the common part holds the header
+    ("'t", ["|i a", "|i b"], "'t "),     # every part starts with '|'
+    ("", ["|i a", "2 |i b"], None),      # each line has its own
+    ("", [], None),
+])
+def test_shared_header_is_the_common_parts_when_every_line_has_it(common, parts, header):
+    from subwabbit.lines import shared_header  # pylint: disable=import-outside-toplevel
+    assert shared_header(common, parts) == header

@@ -24,8 +24,9 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, O
 
 from ..base import example_joiner
 from ..errors import VowpalWabbitTimeoutError
-from ..lines import (PrefixedLines, breaks_no_line, check_line_part,
-                     common_part_holds_the_header)
+from ..lines import (PrefixedLines, breaks_no_line, check_line_labels, check_line_part,
+                     common_part_holds_the_header, label_problem, label_words,
+                     shared_header)
 from .channel import Call, Channel
 
 #: Turns raw answer lines into the values ``predict`` gives.
@@ -199,6 +200,9 @@ class PredictExchange(Exchange):
     :param timing_per_line: one ``generating_lines_time`` entry per line (the
         batch's time shared out, as subwabbit 2.x's blocking class gave),
         instead of one per batch
+    :param kind: the client's single-line
+        :class:`~subwabbit.core.kinds.PredictionKind`, whose rule the label
+        words of every line must pass before it is queued (``None``: none)
     """
 
     doing = "waiting for its predictions"
@@ -208,7 +212,7 @@ class PredictExchange(Exchange):
                  pacing: Pacing, deadline: Optional[float], idle_s: Optional[float],
                  detailed: Optional[Dict[str, List[Any]]] = None,
                  clock: Optional[Callable[[], float]] = None,
-                 timing_per_line: bool = False) -> None:
+                 timing_per_line: bool = False, kind: Any = None) -> None:
         super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline,
                          pacing.max_lateness_s)
         self._timing_per_line = timing_per_line
@@ -222,7 +226,7 @@ class PredictExchange(Exchange):
         self._common_features = common_features
         self._debug_info = debug_info
         self._format_item = formatter.format_item_features
-        self._join = _line_joiner(formatter, common_part, debug_info)
+        self._join = _line_joiner(formatter, common_part, debug_info, kind)
         self._stop_producing_at: Optional[float] = None
         if deadline is not None:
             self._stop_producing_at = deadline - (pacing.write_cutoff_s if pacing.hard_deadline
@@ -428,7 +432,7 @@ def new_predict_exchange(channel: Channel, call: Call, *, kind: Any,
     """
     if kind.multi_line:
         return MultiLinePredictExchange(channel, call, kind=kind, **kwargs)
-    return PredictExchange(channel, call, parse=kind.parse_answers, **kwargs)
+    return PredictExchange(channel, call, parse=kind.parse_answers, kind=kind, **kwargs)
 
 
 def format_next(format_item: Callable[..., Any], common_features: Any, items: Iterator[Any],
@@ -439,25 +443,68 @@ def format_next(format_item: Callable[..., Any], common_features: Any, items: It
             for item in itertools.islice(items, want)]
 
 
-def _line_joiner(formatter: Any, common_part: str,
-                 debug_info: Any) -> Callable[[List[Any], int], Sequence[str]]:
+def _line_joiner(formatter: Any, common_part: str, debug_info: Any,
+                 kind: Any = None) -> Callable[[List[Any], int], Sequence[str]]:
     """A function that checks item parts and joins them with the common part
-    into lines (inline when the formatter keeps the default joining)."""
+    into lines (inline when the formatter keeps the default joining), and
+    checks the label words vw reads in them with the rule of ``kind`` (a
+    single-line :class:`~subwabbit.core.kinds.PredictionKind`; ``None``:
+    no such check).
+
+    :raises ValueError: from the function, at its first call when the
+        common part puts a label the kind refuses into every line, else for
+        the first line whose label it refuses
+    """
     join = example_joiner(formatter)
     prefix = common_part + " "
     # With the default joining, the common part decides once per call whether
     # a batch's lines can be known to be whole examples from its parts alone
-    # (the check of every line was a sixth of the client's work per line).
+    # (the check of every line was a sixth of the client's work per line),
+    # and, holding every line's header, what label they all have.
     by_parts = join is None and common_part_holds_the_header(common_part)
+    rule = kind.label_words_rule() if kind is not None else None
+    common_problem = None
+    if rule is not None and by_parts:
+        common_problem = _common_label_problem(common_part, common_part, rule)
+        rule = None  # no line has other label words
 
     def lines(parts: List[Any], first_index: int) -> Sequence[str]:
         flat = check_item_parts(parts, first_index)
+        if common_problem is not None:
+            raise ValueError(common_problem)
         if join is None:
             if by_parts and breaks_no_line(flat):
                 return PrefixedLines(prefix, parts)
-            return [prefix + part for part in parts]
-        return [join(common_part, part, debug_info=debug_info) for part in parts]
+            joined = [prefix + part for part in parts]
+        else:
+            joined = [join(common_part, part, debug_info=debug_info) for part in parts]
+        if rule is not None:
+            _check_labels(rule, joined, first_index,
+                          shared_header(common_part, parts) if join is None else None,
+                          common_part)
+        return joined
     return lines
+
+
+def _common_label_problem(header: str, common_part: str,
+                          rule: Callable[[List[str]], Optional[str]]) -> Optional[str]:
+    """The error message when ``rule`` refuses the label words of ``header``,
+    which the common part gives every line (``None``: no problem)."""
+    return label_problem(label_words(header + "|"), "the formatted common features", rule,
+                         common_part)
+
+
+def _check_labels(rule: Callable[[List[str]], Optional[str]], lines: List[str],
+                  first_index: int, header: Optional[str], common_part: str) -> None:
+    """Check the label words of ``lines`` with ``rule``: once, when they all
+    have ``header`` (the common part's, see :func:`~subwabbit.lines.shared_header`),
+    else line by line."""
+    if header is None:
+        check_line_labels(lines, rule, first_index)
+        return
+    problem = _common_label_problem(header, common_part, rule)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def check_item_parts(parts: List[Any], first_index: int = 0) -> str:

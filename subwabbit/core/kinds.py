@@ -40,6 +40,7 @@ printed after a space, and ignored here. Nothing in this module does I/O.
 
 import math
 import numbers
+import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..base import _format_number as _number_text  # a number as vw reads it
@@ -138,6 +139,42 @@ def check_number(value: Any, what: str) -> None:
         raise ValueError(f"{what} must be at most {FLOAT32_MAX:g} in magnitude (vw reads it "
                          f"as a 32-bit float, and reads a larger one as an infinity), "
                          f"got {value!r}")
+
+
+#: A number that vw's label parsers read in full with their own fast parser:
+#: digits, an optional ``-``, ``.`` and exponent. Anything else goes to C's
+#: ``strtof``, which reads a prefix (``2x`` as 2), ``inf`` or hexadecimal.
+_VW_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]-?[0-9]+)?\Z")
+#: A class label or label as ``strtol`` reads it in full (``--oaa``, ``--multilabel_oaa``).
+_STRTOL_INT = re.compile(r"\+?[0-9]+\Z")
+#: A class or action as vw's hash of a name reads it as a number (``--csoaa``,
+#: ``--cb``): digits only; any other word is hashed to some number.
+_DIGITS = re.compile(r"[0-9]+\Z")
+
+
+def vw_number(word: str) -> Optional[float]:
+    """The number vw reads in a label word (a weight, a cost, a
+    probability), when it reads the word as written; ``None`` otherwise:
+    vw reads ``x`` and ``nan`` as 0, ``2x`` as 2, a magnitude over
+    :data:`FLOAT32_MAX` as an infinity, and a power of ten beyond its
+    parser's 8-bit exponent (``1e-200``) as another number.
+    """
+    if _VW_NUMBER.match(word) is None:
+        return None
+    mantissa, _, exponent = word.lower().partition("e")
+    decimals = min(len(mantissa.partition(".")[2]), 35)  # vw counts 35 at most
+    if not -128 <= int(exponent or "0") - decimals <= 127:
+        return None
+    value = float(word)
+    return value if abs(value) <= FLOAT32_MAX else None
+
+
+def _weight_problem(word: str) -> Optional[str]:
+    """What is wrong with an importance weight word (``None``: nothing)."""
+    weight = vw_number(word)
+    if weight is None or weight < 0:
+        return f"the importance weight {word!r} is not a number >= 0 that vw reads as written"
+    return None
 
 
 def check_scalar_label(label: Any, index: int) -> None:
@@ -285,6 +322,40 @@ class PredictionKind:
                 check_scalar_label(label, index)
         return labels
 
+    #: whether :meth:`label_words_problem` checks anything (single-line
+    #: kinds whose label grammar is known; a scalar model's is not: see
+    #: :meth:`label_words_problem`)
+    checks_label_words = False
+    #: the labels this kind reads before a line's first ``|``, for messages
+    label_rule = "a number"
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        """What vw would misread, or exit on, in the label words of one
+        line of a single-line example (:func:`~subwabbit.lines.label_words`:
+        what the formatter or a label put before the line's first ``|``,
+        without a tag); ``None`` when vw reads them as written.
+
+        A scalar model checks nothing: vw's simple-label parser answers one
+        prediction per line whatever the words (it warns and reads a bad
+        word as 0), and the scalar kind is also what subwabbit serves when
+        it cannot see a model's reductions, whose labels it then cannot
+        know (label strings go as they come, as in subwabbit 2.x).
+
+        :param words: one or more label words
+        """
+        return None
+
+    def label_words_rule(self) -> Optional[Callable[[List[str]], Optional[str]]]:
+        """:meth:`label_words_problem`, for the kinds that check label words
+        (``None`` for the others, and for the multi-line kinds, whose lines
+        :func:`~subwabbit.lines.encode_example` checks)."""
+        if self.checks_label_words and not self.multi_line:
+            return self.label_words_problem
+        return None
+
+    def _refuse_words(self, problem: str) -> str:
+        return f"{problem}; {self.origin} reads {self.label_rule} there"
+
     def check_weights(self, weights: List[Optional[float]]) -> None:
         """Check the importance weights (``None``: none for that item).
 
@@ -331,11 +402,23 @@ class LabelStringsKind(PredictionKind):
     name = LABEL_STRINGS
     gives = "a label string such as '0,1'"
 
-    def __init__(self, origin: str = "", count: Optional[int] = None) -> None:
+    def __init__(self, origin: str = "", count: Optional[int] = None,
+                 ordered: bool = False) -> None:
         super().__init__(origin)
         self.count = count
+        self.ordered = ordered
         if count is not None:
             self.weighted = False
+            self.checks_label_words = True
+            self.label_rule = MultilabelKind.label_rule
+
+    def _multilabel(self) -> "MultilabelKind":
+        return MultilabelKind(self.origin, self.count, self.ordered)
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        if self.count is None:
+            return super().label_words_problem(words)
+        return self._multilabel().label_words_problem(words)
 
     def check_labels(self, labels: List[Any]) -> List[Any]:
         if self.count is None:
@@ -346,7 +429,7 @@ class LabelStringsKind(PredictionKind):
         # A whole float (2.0) was a label in 2.x, and vw reads it as the int.
         labels = [int(label) if type(label) is float and label.is_integer() else label
                   for label in labels]
-        return MultilabelKind(self.origin, self.count).check_labels(labels)
+        return self._multilabel().check_labels(labels)
 
     def parse_line(self, line: bytes) -> Any:
         if not line:
@@ -393,6 +476,23 @@ class _Classes(NamedTuple):
             raise ValueError(f"{what} is {label!r}; {rule} ({origin})")
         return str(int(label))
 
+    def word_problem(self, word: str, plus_sign: bool) -> Optional[str]:
+        """What is wrong with a class label word (``None``: vw reads it as
+        this class). A name must be one of ``--named_labels`` (vw reads
+        another as class 0); a number, digits (with a ``+`` when
+        ``plus_sign``: ``strtol`` reads it), in range: vw exits on ``x`` or
+        ``1.5`` under ``--oaa``, hashes it to some class under ``--csoaa``,
+        and class 0 makes ``--oaa`` count its classes from 0 from then on."""
+        if self.names is not None:
+            return None if word in self.names else f"{word!r} is not a class, {self.describe()}"
+        if (_STRTOL_INT if plus_sign else _DIGITS).match(word) is None:
+            return f"{word!r} is not a class label, {self.describe()}"
+        label = int(word)
+        if label < self.first or (self.count is not None
+                                  and label > self.first + self.count - 1):
+            return f"the class {word!r} is out of range: class labels are {self.describe()}"
+        return None
+
     def parse(self, token: bytes, line: bytes) -> Any:
         if self.names is not None:
             text = token.decode("utf-8", "replace")
@@ -426,6 +526,17 @@ class MulticlassKind(PredictionKind):
     def check_labels(self, labels: List[Any]) -> List[Any]:
         return [self.classes.check(label, f"labels[{index}]", self.origin)
                 for index, label in enumerate(labels)]
+
+    checks_label_words = True
+    label_rule = "a class label and an optional importance weight"
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        if len(words) > 2:  # vw exits
+            return self._refuse_words(f"{len(words)} words")
+        problem = self.classes.word_problem(words[0], plus_sign=True)
+        if problem is None and len(words) == 2:
+            problem = _weight_problem(words[1])
+        return None if problem is None else self._refuse_words(problem)
 
 
 class CostSensitiveKind(MulticlassKind):
@@ -465,6 +576,22 @@ class CostSensitiveKind(MulticlassKind):
                 raise ValueError(f"{what} must be a dict {{class label: cost}} or VW's text "
                                  f"such as '1:0 2:1', got {text!r}") from None
         return costs
+
+    label_rule = "class:cost words (a class alone: one it may predict), each class once"
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        seen = set()
+        for word in words:
+            klass, colon, cost = word.partition(":")
+            problem = self.classes.word_problem(klass, plus_sign=False)
+            if problem is None and colon and vw_number(cost) is None:
+                problem = f"the cost in {word!r} is not a number that vw reads as written"
+            if problem is None and klass in seen:
+                problem = f"the class {klass!r} comes twice"
+            if problem is not None:
+                return self._refuse_words(problem)
+            seen.add(klass)
+        return None
 
 
 class ClassScoresKind(MulticlassKind):
@@ -510,10 +637,16 @@ class MultilabelKind(PredictionKind):
     name = MULTILABEL
     weighted = False
     gives = "a list of int labels"
+    checks_label_words = True
+    label_rule = "one comma-separated list of labels"
 
-    def __init__(self, origin: str = "", count: Optional[int] = None) -> None:
+    def __init__(self, origin: str = "", count: Optional[int] = None,
+                 ordered: bool = False) -> None:
         super().__init__(origin)
         self.count = count
+        #: whether vw reads a label list in increasing order only
+        #: (``--multilabel_oaa``: ``2,0`` learns class 2 alone)
+        self.ordered = ordered
 
     def summary(self) -> str:
         known = "" if self.count is None else f" of {self.count} labels"
@@ -555,8 +688,25 @@ class MultilabelKind(PredictionKind):
                                                        and value >= self.count):
                     raise ValueError(f"{what} holds {value!r}; labels of {self.origin} are "
                                      f"{rule}")
-            texts.append(",".join(str(int(value)) for value in values))
+            # in increasing order, each once, as --multilabel_oaa reads them
+            texts.append(",".join(str(value) for value in sorted({int(v) for v in values})))
         return texts
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        rule = "ints from 0" if self.count is None else f"ints from 0 to {self.count - 1}"
+        if len(words) > 1:  # vw reads no label, with an error in its log
+            return self._refuse_words(f"{len(words)} words (the labels are {rule}, "
+                                      "without a weight)")
+        labels = words[0].split(",")
+        for label in labels:
+            if (_STRTOL_INT.match(label) is None
+                    or (self.count is not None and int(label) >= self.count)):
+                return self._refuse_words(f"{label!r} is not a label: labels are {rule}")
+        numbers = [int(label) for label in labels]
+        if self.ordered and any(a >= b for a, b in zip(numbers, numbers[1:])):
+            return self._refuse_words(f"{self.origin} reads labels in increasing order "
+                                      "only, each once")
+        return None
 
 
 class _BanditLabels:
@@ -583,6 +733,45 @@ class _BanditLabels:
             _check_probability(probability, f"the probability of {what}")
             texts.append(f"{int(action)}:{_number_text(cost)}:{_number_text(probability)}")
         return texts
+
+    checks_label_words = True
+    label_rule = ("actions (ints from 1), at most one of them as action:cost:probability "
+                  "(a probability in (0, 1])")
+
+    def label_words_problem(self, words: List[str]) -> Optional[str]:
+        costs = 0
+        for word in words:
+            parts = word.split(":")
+            problem = self._action_problem(parts[0])
+            if problem is None and len(parts) == 2:  # vw reads probability 0: no label
+                problem = f"{word!r} has a cost but no probability"
+            elif problem is None and len(parts) > 2:
+                costs += 1
+                problem = self._cost_problem(word, parts)
+            if problem is None and costs > 1:  # vw learns from the first only
+                problem = "more than one action has a cost"
+            if problem is not None:
+                return self._refuse_words(problem)  # type: ignore[attr-defined]
+        return None
+
+    def _action_problem(self, action: str) -> Optional[str]:
+        """What is wrong with an action word (vw hashes one that is not digits)."""
+        if _DIGITS.match(action) is None or int(action) < 1 or (
+                self.count is not None and int(action) > self.count):
+            last = "K" if self.count is None else str(self.count)
+            return f"{action!r} is not an action, an int from 1 to {last}"
+        return None
+
+    @staticmethod
+    def _cost_problem(word: str, parts: List[str]) -> Optional[str]:
+        """What is wrong with ``action:cost:probability`` (vw exits on more parts)."""
+        if len(parts) > 3:
+            return f"{word!r} has more than three parts"
+        probability = vw_number(parts[2])
+        if vw_number(parts[1]) is None or probability is None or not 0 < probability <= 1:
+            return (f"{word!r} is not action:cost:probability with numbers vw reads as "
+                    "written and a probability in (0, 1]")
+        return None
 
 
 class CbKind(_BanditLabels, PredictionKind):
@@ -1007,8 +1196,9 @@ def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> P
             MULTICLASS: MulticlassKind, COST_SENSITIVE: CostSensitiveKind,
             CLASS_PROBABILITIES: ClassScoresKind, CLASS_SCORES: ClassRawScoresKind}[chosen]
         return factory(origin, classes)
+    ordered = any(option_name(token) == "--multilabel_oaa" for token in args)
     if chosen == MULTILABEL:
-        return MultilabelKind(origin, count)
+        return MultilabelKind(origin, count, ordered)
     if chosen in (CB, CB_EXPLORE):
         factory = CbExploreKind if chosen == CB_EXPLORE else CbKind
         return factory(origin, count, "--cb_force_legacy" in args)
@@ -1018,7 +1208,7 @@ def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> P
         return ExploreAdfKind(origin)
     if chosen == LABEL_STRINGS:
         # (a count: the multilabel reduction's K, whose labels are checked)
-        return LabelStringsKind(origin, count)
+        return LabelStringsKind(origin, count, ordered)
     return ScalarKind(origin)
 
 

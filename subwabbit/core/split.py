@@ -214,7 +214,8 @@ class SplitPredictExchange(Generic[Key]):
         self._format_item = formatter.format_item_features
         self._common_features = common_features
         self._debug_info = debug_info
-        self._join = _line_joiner(formatter, common_part, debug_info)
+        self._join = _line_joiner(formatter, common_part, debug_info,
+                                  None if self._example_kind is not None else kind)
         self.lanes: List[Lane[Key]] = []
         #: batches in item order whose predictions have not all been handed out
         self._order: Deque[_Batch] = collections.deque()
