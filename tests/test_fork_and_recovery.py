@@ -223,10 +223,12 @@ def test_a_formatter_that_returns_none_raises_type_error_naming_the_method(kind,
 
 
 def test_failures_that_are_raised_are_not_also_logged_as_errors(caplog):
+    # (The engine killed: a label it would exit on is refused before sending.)
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet"]) as model:
+        os.kill(model.pid, signal.SIGKILL)
         with caplog.at_level(logging.DEBUG, logger="subwabbit"):
             with pytest.raises(VowpalWabbitEngineExitedError):
-                list(model.predict("abc", ["|f a"] * 10))
+                list(model.predict("|u abc", ["|f a"] * 10))
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

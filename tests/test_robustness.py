@@ -95,14 +95,32 @@ def test_sigkill_mid_call_raises_with_details_and_restart_recovers(cls, trained_
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
-def test_input_that_makes_the_engine_exit_is_reported_with_its_stderr(cls):
-    # A non-numeric label under --oaa ends the engine (exit code 1).
+def test_input_that_would_make_the_engine_exit_is_refused_before_sending(cls):
+    # A non-numeric label under --oaa ended the engine (exit code 1); it is
+    # refused now, and the engine serves on.
     with cls(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet"]) as model:
         assert list(model.predict("1", ["|f a", "|f b"])) == [1.0, 1.0]
-        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+        with pytest.raises(ValueError, match="'abc' is not a class label"):
             list(model.predict("abc", ["|f a"] * 10, timeout=None))
-        assert caught.value.returncode == 1
-        assert "label" in caught.value.stderr_tail
+        assert list(model.predict("1", ["|f a", "|f b"])) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_an_engine_that_exits_is_reported_with_its_stderr(cls):
+    # What the engine said before it died comes with the error: here its
+    # warning about a label outside the logistic loss's range.
+    with cls(VowpalWabbitDummyFormatter(), ["--loss_function", "logistic"]) as model:
+        model.train("|f", ["a"], labels=[2], weights=[None])
+        list(model.predict("|u", ["|f a"]))  # the training line was read
+        until = time.monotonic() + 10
+        engine = model._engine  # pylint: disable=protected-access
+        while "not in the range" not in engine.stderr_tail() and time.monotonic() < until:
+            time.sleep(0.02)
+        os.kill(model.pid, signal.SIGKILL)
+        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+            list(model.predict("|u", ["|f a"] * 10, timeout=None))
+        assert caught.value.returncode == -signal.SIGKILL
+        assert "The label 2 is not in the range [-1,1]" in caught.value.stderr_tail
         assert caught.value.argv == model.argv
         with pytest.raises(VowpalWabbitError, match="failed earlier"):
             model.train("|f", ["a"], labels=[1], weights=[None])
