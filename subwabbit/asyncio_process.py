@@ -725,7 +725,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 channel, call, kind=self.prediction_kind, formatter=self.formatter,
                 common_part=common_part, common_features=common_features, items=items_features,
                 debug_info=debug_info, pacing=self._pacing(), deadline=deadline,
-                idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock)
+                idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock,
+                format_s_per_item=self._format_s_per_item)
             predictions = await self._run(exchange, detailed_metrics)
             return predictions
         except ENGINE_FAILURES:
@@ -734,6 +735,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         finally:
             self._finish_predict_metrics(metrics, exchange, start, self.pending_lines, True)
             if exchange is not None:
+                self._format_s_per_item = exchange.format_s_per_item
                 exchange.end()
             if held:
                 self._turn.release()

@@ -148,6 +148,11 @@ class ClientBase:
     #: the kind of model a class serves when neither ``vw_args`` nor
     #: ``prediction_type`` says one (see :func:`~subwabbit.core.kinds.choose_kind`)
     _default_prediction_type: Optional[str] = None
+    #: seconds the formatter took per item in the last call's last batch
+    #: (``None``: not measured yet); with a deadline, a call formats no more
+    #: at a time than that speed allows (see
+    #: :func:`~subwabbit.core.exchanges.items_to_format`)
+    _format_s_per_item: Optional[float] = None
 
     def _configure(self, formatter: Any, vw_args: VwArgs, batch_size: int, *,
                    write_only: bool, audit_mode: bool,

@@ -256,7 +256,8 @@ class PoolBase(ClientBase):
             items=items_features, debug_info=debug_info, kind=self.prediction_kind,
             batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
             deadline=deadline, write_cutoff_s=self.write_cutoff_s,
-            idle_s=self.io_timeout_s if deadline is None else None)
+            idle_s=self.io_timeout_s if deadline is None else None,
+            clock=_clock, format_s_per_item=self._format_s_per_item)
 
     def _prepare_pool_metrics(self, metrics: Optional[Dict[str, Any]]
                               ) -> Optional[Dict[str, Any]]:
@@ -711,6 +712,7 @@ class PoolBase(ClientBase):
                     self._recent_lines = exchange.first_lines
         finally:
             if exchange is not None:
+                self._format_s_per_item = exchange.format_s_per_item
                 engines_used = max(engines_used, len(exchange.lanes))
                 with self._state_lock():
                     closing = self._give_back_now(exchange.end(), counted)

@@ -685,7 +685,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 common_part=common_part, common_features=common_features, items=items_features,
                 debug_info=debug_info, pacing=pacing, deadline=deadline,
                 idle_s=self.io_timeout_s, detailed=detailed, clock=clock,
-                timing_per_line=self._timing_per_line)
+                timing_per_line=self._timing_per_line, format_s_per_item=self._format_s_per_item)
             for predictions in self._drive(engine, exchange, detailed):
                 for prediction in predictions:
                     yielded += 1  # counted before the caller can stop at this yield
@@ -699,6 +699,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if metrics is not None:
                 metrics["num_lines"] = yielded  # what the caller received
             if exchange is not None:
+                self._format_s_per_item = exchange.format_s_per_item
                 exchange.end()
             if token is not None:
                 self._end_turn(token)

@@ -12,8 +12,9 @@ import random
 import pytest
 
 from subwabbit.core.channel import PROBE_LINE, Channel
-from subwabbit.core.exchanges import (CleanupExchange, MultiLinePredictExchange, Pacing,
-                                      PredictExchange, ProbeExchange, SendExchange,
+from subwabbit.core.exchanges import (FIRST_FORMAT_ITEMS, CleanupExchange,
+                                      MultiLinePredictExchange, Pacing, PredictExchange,
+                                      ProbeExchange, SendExchange, items_to_format,
                                       new_predict_exchange)
 from subwabbit.core.kinds import choose_kind
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError, VowpalWabbitTimeoutError
@@ -925,3 +926,19 @@ def test_a_byte_order_mark_that_continues_the_start_up_blank_is_sent_as_spaces(a
     assert channel.bytes_written == len(written)
     call.queue_lines(["\ufeff3 |a z"])  # only the first bytes queued continue the blank
     assert _written(channel) == "\ufeff3 |a z\n".encode()
+
+
+def test_items_to_format_by_the_formatters_speed_and_the_time_left():
+    """Without a deadline a batch is whole; with one, a batch is cut to
+    what the formatter formats in about 1 ms at its last speed and before
+    the write cut-off, with a first batch of FIRST_FORMAT_ITEMS while its
+    speed is unknown, and none when not one item fits before the cut-off."""
+    assert items_to_format(50, None, 0.0, None) == 50
+    assert items_to_format(50, 0.001, 0.0, None) == 50
+    assert items_to_format(50, None, 0.0, 0.010) == FIRST_FORMAT_ITEMS
+    assert items_to_format(50, 1e-6, 0.0, 0.010) == 50  # a fast formatter: whole batches
+    assert items_to_format(50, 0.0002, 0.0, 0.010) == 5  # 1 ms of a 0.2 ms formatter
+    assert items_to_format(50, 0.002, 0.0, 0.010) == 1  # one item at least...
+    assert items_to_format(50, 0.0002, 0.0096, 0.010) == 2  # ...and what fits before the cut-off
+    assert items_to_format(50, 0.002, 0.009, 0.010) == 0  # none fits: stop sending now
+    assert items_to_format(50, 0.0, 0.0, 0.010) == 50

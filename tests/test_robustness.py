@@ -1020,3 +1020,49 @@ def test_async_train_metrics_reach_the_hook_however_the_call_ended():
     asyncio.run(main())
     assert len(seen) == 2, seen
     assert all(TRAIN_METRICS <= set(metrics) for metrics in seen), seen
+
+
+class _SlowFormatter(DictFormatter):
+    """A formatter that spends 1 ms of CPU per item (a lookup per item, say)."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        until = time.perf_counter() + 0.001
+        while time.perf_counter() < until:
+            pass
+        return super().format_item_features(common_features, item_features, debug_info)
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitNonBlockingProcess, VowpalWabbitPool,
+                                 AsyncVowpalWabbitProcess],
+                         ids=["nonblocking", "pool", "asyncio"])
+def test_a_formatter_slow_per_item_still_gets_predictions_by_the_deadline(cls, trained_model,
+                                                                          truth):
+    """Items were formatted a whole batch at a time (50, or 100 in a pool)
+    with no look at the clock: with a formatter at 1 ms an item, every call
+    with a 20 ms deadline formatted past it, returned nothing and was 30 to
+    80 ms late, call after call (found by a review). With a deadline a call
+    now formats no more at a time than the formatter formats in about 1 ms
+    at its last speed, and no more than it formats before the write cut-off.
+    (The first call, before the speed is known, formats 8 items at first.)"""
+    results = []
+
+    async def run():
+        model = cls(_SlowFormatter(), scoring_args(trained_model))
+        try:
+            if inspect.iscoroutinefunction(getattr(model, "start", None)):
+                await model.start()  # (an asyncio object starts its engine at its first call)
+            for _ in range(6):
+                began = time.perf_counter()
+                got = model.predict(common(3), _items(300), timeout=0.020)
+                got = await got if inspect.iscoroutine(got) else list(got)
+                results.append((got, time.perf_counter() - began))
+        finally:
+            closed = model.close()
+            if inspect.iscoroutine(closed):
+                await closed
+
+    asyncio.run(run())
+    for got, wall in results:
+        assert got == pytest.approx(truth[trained_model][3][:len(got)], abs=1e-6)
+        assert wall < 0.020 + 0.015, wall  # generous: 2 shared cores
+    assert all(got for got, _ in results[1:]), [len(got) for got, _ in results]

@@ -203,6 +203,10 @@ class PredictExchange(Exchange):
     :param kind: the client's single-line
         :class:`~subwabbit.core.kinds.PredictionKind`, whose rule the label
         words of every line must pass before it is queued (``None``: none)
+    :param format_s_per_item: the formatter's seconds per item in the
+        client's last call (``None``: unknown); with a deadline and a
+        ``clock``, batches are cut to what it formats in little time
+        (:func:`items_to_format`)
     """
 
     doing = "waiting for its predictions"
@@ -212,9 +216,13 @@ class PredictExchange(Exchange):
                  pacing: Pacing, deadline: Optional[float], idle_s: Optional[float],
                  detailed: Optional[Dict[str, List[Any]]] = None,
                  clock: Optional[Callable[[], float]] = None,
-                 timing_per_line: bool = False, kind: Any = None) -> None:
+                 timing_per_line: bool = False, kind: Any = None,
+                 format_s_per_item: Optional[float] = None) -> None:
         super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline,
                          pacing.max_lateness_s)
+        #: seconds the formatter took per item in its last batch (``None``:
+        #: not measured yet): the client keeps it for its next call
+        self.format_s_per_item = format_s_per_item
         self._timing_per_line = timing_per_line
         self.pacing = pacing
         self.parse = parse
@@ -251,9 +259,7 @@ class PredictExchange(Exchange):
         if self.producing:
             stop_at = self._stop_producing_at
             if stop_at is not None and now >= stop_at:
-                self.producing = False
-                if self.pacing.hard_deadline:
-                    channel.forget_unwritten(call)
+                self._stop_producing()
             else:
                 room = self.in_flight_limit(now) - channel.in_flight_lines
                 if room >= self.pacing.min_batch:
@@ -318,6 +324,14 @@ class PredictExchange(Exchange):
             self.channel.pace = measured
         super().end()
 
+    def _stop_producing(self) -> None:
+        """The write cut-off (hard deadline) or the deadline: format and
+        send nothing more (with a hard deadline, what is not written yet
+        is dropped)."""
+        self.producing = False
+        if self.pacing.hard_deadline:
+            self.channel.forget_unwritten(self.call)
+
     def _produce(self, want: int) -> None:
         parts = self._format(want)
         if parts:
@@ -325,12 +339,22 @@ class PredictExchange(Exchange):
 
     def _format(self, want: int) -> List[Any]:
         """Format up to ``want`` more items (fewer when they run out: then
-        :attr:`producing` turns false), timing it for ``detailed_metrics``."""
-        began = self._clock() if self._detailed is not None and self._clock else 0.0
+        :attr:`producing` turns false; fewer, too, when the formatter is
+        slow and a deadline near: :func:`items_to_format`), timing it for
+        ``detailed_metrics`` and for the next batch's size."""
+        clock = self._clock
+        began = clock() if clock is not None else 0.0
+        if clock is not None:
+            want = items_to_format(want, self.format_s_per_item, began, self._stop_producing_at)
+            if not want:  # not one more item is formatted before the cut-off
+                self._stop_producing()
+                return []
         parts = format_next(self._format_item, self._common_features, self._items, want,
                             self._debug_info)
         if len(parts) < want:
             self.producing = False
+        if clock is not None and parts:
+            self.format_s_per_item = (clock() - began) / len(parts)
         if self._detailed is not None and self._clock:
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
@@ -385,11 +409,7 @@ class MultiLinePredictExchange(PredictExchange):
             self.cleared_at = now
         stop_at = self._stop_producing_at
         if not self._stopped and stop_at is not None and now >= stop_at:
-            self._stopped = True
-            self._formatting = self._waiting = False
-            self._parts = []
-            if self.pacing.hard_deadline:
-                channel.forget_unwritten(call)
+            self._stop_producing()
         if self._formatting:
             self._parts += self._format(self.pacing.batch_size)
             if not self.producing:  # the items ran out
@@ -412,6 +432,15 @@ class MultiLinePredictExchange(PredictExchange):
         self.returned += len(predictions)
         return predictions
 
+    def _stop_producing(self) -> None:
+        """As :meth:`PredictExchange._stop_producing`: the example is not
+        sent (nor its formatting finished) unless it is queued already."""
+        self._stopped = True
+        self._formatting = self._waiting = False
+        self._parts = []
+        if self.pacing.hard_deadline:
+            self.channel.forget_unwritten(self.call)
+
     def wake_at(self) -> Optional[float]:
         if self._formatting and self._now is not None:
             return self._now  # more items to format: step again at once
@@ -433,6 +462,40 @@ def new_predict_exchange(channel: Channel, call: Call, *, kind: Any,
     if kind.multi_line:
         return MultiLinePredictExchange(channel, call, kind=kind, **kwargs)
     return PredictExchange(channel, call, parse=kind.parse_answers, kind=kind, **kwargs)
+
+
+#: With a deadline, one batch's formatting takes about this long at most
+#: (seconds, at the formatter's last measured speed): a formatter slow per
+#: item (0.2 ms, say: a lookup per item) formatted a whole batch of 50 or
+#: 100 items past a 10 ms deadline, and such calls returned nothing, ever.
+FORMAT_BATCH_S = 0.001
+#: With a deadline, the items of a call's first batch while the formatter's
+#: speed is not known yet (the client's first call).
+FIRST_FORMAT_ITEMS = 8
+
+
+def items_to_format(want: int, seconds_per_item: Optional[float], now: float,
+                    stop_at: Optional[float]) -> int:
+    """How many of the ``want`` next items to format in one go: all of them
+    without a deadline (``stop_at``: when lines stop being sent); with one,
+    no more than the formatter formats in :data:`FORMAT_BATCH_S` nor by
+    ``stop_at`` at ``seconds_per_item``, and :data:`FIRST_FORMAT_ITEMS`
+    while its speed is unknown (``None``).
+
+    :returns: ``0`` when not one item would be formatted by ``stop_at``: the
+        caller stops sending as it does at ``stop_at`` (an item formatted
+        past it, at 1 ms an item, ended a call past its deadline)
+    """
+    if stop_at is None:
+        return want
+    if seconds_per_item is None:
+        return min(want, FIRST_FORMAT_ITEMS)
+    if seconds_per_item <= 0:
+        return want
+    before_stop = (stop_at - now) / seconds_per_item
+    if before_stop < 1:
+        return 0
+    return int(min(want, max(1.0, FORMAT_BATCH_S / seconds_per_item), before_stop))
 
 
 def format_next(format_item: Callable[..., Any], common_features: Any, items: Iterator[Any],

@@ -66,12 +66,12 @@ predictions).
 
 import collections
 import math
-from typing import (Any, Deque, Dict, Generic, Hashable, Iterable, Iterator, List, Optional,
-                    Sequence, Tuple, TypeVar)
+from typing import (Any, Callable, Deque, Dict, Generic, Hashable, Iterable, Iterator, List,
+                    Optional, Sequence, Tuple, TypeVar)
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
-from .exchanges import Parser, _line_joiner, check_item_parts, format_next
+from .exchanges import Parser, _line_joiner, check_item_parts, format_next, items_to_format
 
 
 #: The type of a lane's key, the driver's name for its engine (a pool's
@@ -177,6 +177,11 @@ class SplitPredictExchange(Generic[Key]):
         ``max_in_flight_lines``
     :param hedge: once no new item is left, deal an unanswered batch again
         to a lane with room when the lanes holding it went quiet
+    :param clock: the clock of ``now`` values; with a deadline, batches are
+        cut to what the formatter formats in little time at its last speed
+        (:func:`~subwabbit.core.exchanges.items_to_format`)
+    :param format_s_per_item: the formatter's seconds per item in the
+        client's last call (``None``: unknown)
     """
 
     #: With a deadline, a lane holds at most what it answers in this
@@ -189,7 +194,9 @@ class SplitPredictExchange(Generic[Key]):
                  items: Iterable[Any], debug_info: Any, parse: Optional[Parser] = None,
                  batch_size: int, max_in_flight_lines: int, deadline: Optional[float],
                  write_cutoff_s: float = 0.0, idle_s: Optional[float] = None,
-                 kind: Any = None, pace: bool = True, hedge: bool = True) -> None:
+                 kind: Any = None, pace: bool = True, hedge: bool = True,
+                 clock: Optional[Callable[[], float]] = None,
+                 format_s_per_item: Optional[float] = None) -> None:
         if parse is None:
             if kind is None:
                 raise TypeError("SplitPredictExchange needs parse= or kind=")
@@ -211,6 +218,10 @@ class SplitPredictExchange(Generic[Key]):
         self.idle_s = idle_s
         self._stop_dealing_at = None if deadline is None else deadline - write_cutoff_s
         self._items = iter(items)
+        self._clock = clock
+        #: seconds the formatter took per item in its last batch (``None``:
+        #: not measured yet): the client keeps it for its next call
+        self.format_s_per_item = format_s_per_item
         self._format_item = formatter.format_item_features
         self._common_features = common_features
         self._debug_info = debug_info
@@ -378,6 +389,8 @@ class SplitPredictExchange(Generic[Key]):
         if self._items_left:
             lane, size = fits[0]
             new_batch = self._format(size)
+            if self._cut_off:  # (no item could be formatted before it)
+                return
             if new_batch is not None:
                 self._give(lane, new_batch, 0)
                 # One batch formatted per step: the driver checks the clock
@@ -608,9 +621,18 @@ class SplitPredictExchange(Generic[Key]):
         return parts
 
     def _format(self, want: int) -> Optional[_Batch]:
+        clock = self._clock
+        if clock is not None:
+            began = clock()
+            want = items_to_format(want, self.format_s_per_item, began, self._stop_dealing_at)
+            if not want:  # not one more item is formatted before the write cut-off
+                self._stop_dealing()
+                return None
         parts = self._next_parts(want)
         if not parts:
             return None
+        if clock is not None:
+            self.format_s_per_item = (clock() - began) / len(parts)
         batch = _Batch(self.formatted, self._join(parts, self.formatted))
         if not self.formatted:
             self.first_lines = batch.lines
