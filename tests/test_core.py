@@ -942,3 +942,24 @@ def test_items_to_format_by_the_formatters_speed_and_the_time_left():
     assert items_to_format(50, 0.0002, 0.0096, 0.010) == 2  # ...and what fits before the cut-off
     assert items_to_format(50, 0.002, 0.009, 0.010) == 0  # none fits: stop sending now
     assert items_to_format(50, 0.0, 0.0, 0.010) == 50
+
+
+def test_a_call_that_formats_nothing_keeps_half_the_formatters_speed():
+    """A call whose deadline left room for no item at the kept speed (too
+    slow once: a garbage collection) formats nothing and measures nothing:
+    it keeps half that speed, so that a later call formats again (single-
+    and multi-line kinds)."""
+    pacing = Pacing(batch_size=50, max_in_flight_lines=500, hard_deadline=True)
+    for multi in (False, True):
+        channel = Channel()
+        kwargs = dict(formatter=NumberFormatter(), common_part="|c", common_features=None,
+                      items=range(5), debug_info=None, pacing=pacing, deadline=0.010,
+                      idle_s=None, clock=lambda: 0.0, format_s_per_item=0.060)
+        if multi:
+            exchange = MultiLinePredictExchange(channel, channel.begin(), kind=ItemNumbers(),
+                                                **kwargs)
+        else:
+            exchange = PredictExchange(channel, channel.begin(), parse=parse, **kwargs)
+        exchange.step(0.0)
+        assert not exchange.producing and channel.in_flight_lines == 0
+        assert exchange.format_s_per_item == pytest.approx(0.030)

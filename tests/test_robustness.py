@@ -1066,3 +1066,50 @@ def test_a_formatter_slow_per_item_still_gets_predictions_by_the_deadline(cls, t
         assert got == pytest.approx(truth[trained_model][3][:len(got)], abs=1e-6)
         assert wall < 0.020 + 0.015, wall  # generous: 2 shared cores
     assert all(got for got, _ in results[1:]), [len(got) for got, _ in results]
+
+
+class _PausedOnceFormatter(_SlowFormatter):
+    """:class:`_SlowFormatter` (1 ms an item) that stalls for 60 ms once, at
+    its 25th item (a garbage collection, say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.formatted = 0
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        self.formatted += 1
+        if self.formatted == 25:
+            time.sleep(0.060)
+        return super().format_item_features(common_features, item_features, debug_info)
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitNonBlockingProcess, VowpalWabbitPool,
+                                 AsyncVowpalWabbitProcess],
+                         ids=["nonblocking", "pool", "asyncio"])
+def test_a_formatter_paused_once_gets_predictions_again(cls, trained_model, truth):
+    """The formatter's speed kept for the next call is that of the call's
+    last batch; a batch of one item that stalled once (60 ms) made every
+    later call with a 20 ms deadline format nothing (not one item "fits"),
+    so the speed was never measured again and the client returned nothing,
+    for good. A call that formats nothing halves the speed it keeps: a
+    later call measures it again."""
+    results = []
+
+    async def run():
+        model = cls(_PausedOnceFormatter(), scoring_args(trained_model))
+        try:
+            if inspect.iscoroutinefunction(getattr(model, "start", None)):
+                await model.start()
+            for _ in range(10):
+                got = model.predict(common(3), _items(300), timeout=0.020)
+                got = await got if inspect.iscoroutine(got) else list(got)
+                results.append(got)
+        finally:
+            closed = model.close()
+            if inspect.iscoroutine(closed):
+                await closed
+
+    asyncio.run(run())
+    for got in results:
+        assert got == pytest.approx(truth[trained_model][3][:len(got)], abs=1e-6)
+    assert all(got for got in results[-3:]), [len(got) for got in results]

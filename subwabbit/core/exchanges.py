@@ -223,6 +223,8 @@ class PredictExchange(Exchange):
         #: seconds the formatter took per item in its last batch (``None``:
         #: not measured yet): the client keeps it for its next call
         self.format_s_per_item = format_s_per_item
+        #: whether this call measured :attr:`format_s_per_item` itself
+        self._speed_measured = False
         self._timing_per_line = timing_per_line
         self.pacing = pacing
         self.parse = parse
@@ -347,6 +349,8 @@ class PredictExchange(Exchange):
         if clock is not None:
             want = items_to_format(want, self.format_s_per_item, began, self._stop_producing_at)
             if not want:  # not one more item is formatted before the cut-off
+                if not self._speed_measured:
+                    self.format_s_per_item = stale_speed(self.format_s_per_item)
                 self._stop_producing()
                 return []
         parts = format_next(self._format_item, self._common_features, self._items, want,
@@ -355,6 +359,7 @@ class PredictExchange(Exchange):
             self.producing = False
         if clock is not None and parts:
             self.format_s_per_item = (clock() - began) / len(parts)
+            self._speed_measured = True
         if self._detailed is not None and self._clock:
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
@@ -496,6 +501,16 @@ def items_to_format(want: int, seconds_per_item: Optional[float], now: float,
     if before_stop < 1:
         return 0
     return int(min(want, max(1.0, FORMAT_BATCH_S / seconds_per_item), before_stop))
+
+
+def stale_speed(seconds_per_item: Optional[float]) -> Optional[float]:
+    """The formatter's speed a call that formatted nothing (not one item
+    fitted before its cut-off at ``seconds_per_item``) keeps for the next
+    call: half of it. A call that formats nothing measures nothing, so a
+    speed measured once too slow (a batch of one item during a garbage
+    collection) made every later call format nothing, for good; halved at
+    each such call, a later call formats an item and measures it again."""
+    return None if seconds_per_item is None else seconds_per_item / 2
 
 
 def format_next(format_item: Callable[..., Any], common_features: Any, items: Iterator[Any],

@@ -71,7 +71,8 @@ from typing import (Any, Callable, Deque, Dict, Generic, Hashable, Iterable, Ite
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
-from .exchanges import Parser, _line_joiner, check_item_parts, format_next, items_to_format
+from .exchanges import (Parser, _line_joiner, check_item_parts, format_next, items_to_format,
+                        stale_speed)
 
 
 #: The type of a lane's key, the driver's name for its engine (a pool's
@@ -222,6 +223,8 @@ class SplitPredictExchange(Generic[Key]):
         #: seconds the formatter took per item in its last batch (``None``:
         #: not measured yet): the client keeps it for its next call
         self.format_s_per_item = format_s_per_item
+        #: whether this call measured :attr:`format_s_per_item` itself
+        self._speed_measured = False
         self._format_item = formatter.format_item_features
         self._common_features = common_features
         self._debug_info = debug_info
@@ -626,6 +629,8 @@ class SplitPredictExchange(Generic[Key]):
             began = clock()
             want = items_to_format(want, self.format_s_per_item, began, self._stop_dealing_at)
             if not want:  # not one more item is formatted before the write cut-off
+                if not self._speed_measured:
+                    self.format_s_per_item = stale_speed(self.format_s_per_item)
                 self._stop_dealing()
                 return None
         parts = self._next_parts(want)
@@ -633,6 +638,7 @@ class SplitPredictExchange(Generic[Key]):
             return None
         if clock is not None:
             self.format_s_per_item = (clock() - began) / len(parts)
+            self._speed_measured = True
         batch = _Batch(self.formatted, self._join(parts, self.formatted))
         if not self.formatted:
             self.first_lines = batch.lines
