@@ -479,6 +479,20 @@ def test_label_words_vw_misreads_are_named_with_the_kinds_rule(args, words, mess
     assert problem is not None and message in problem and " reads " in problem
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--oaa", "3"], ["2", "1e+16"]),              # repr(1e16): a weight subwabbit writes
+    (["--oaa", "3"], ["2", "+3"]),
+    (["--csoaa", "3"], ["1:1e+20", "2:+1"]),
+    (["--cb", "3"], ["1:-1e+16:+0.5"]),
+])
+def test_numbers_with_a_plus_sign_vw_reads_as_written_pass(args, words):
+    """vw's fast parser hands a number with a '+' ('1e+16', as Python's
+    repr writes 1e16, or '+3') to strtof, which reads it in full: it was
+    refused as a number vw misreads, so a weight or cost of 1e16 that the
+    library itself formatted was refused when the line's label was checked."""
+    assert choose_kind(args).label_words_problem(words) is None
+
+
 def test_a_scalar_model_and_multi_line_kinds_check_no_label_words():
     assert choose_kind([]).label_words_rule() is None
     assert choose_kind(["--cb_explore_adf"]).label_words_rule() is None

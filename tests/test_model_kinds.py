@@ -1017,3 +1017,21 @@ def test_write_only_training_refuses_a_misread_label_and_the_engine_learns_on(tm
             model.train("1:2:3:4 |u a", ["|i x"], [(1, 1.0, 0.5)])
         model.train("|u a", ["|i x"], [(1, 1.0, 0.5)])
     assert path.stat().st_size > 0
+
+
+def test_a_weight_or_cost_written_with_a_plus_is_sent_and_read_as_written(tmp_path):
+    """repr writes a weight of 1e16 as '1e+16' and vw reads it (by strtof)
+    in full, as '+3' too: a training line whose label words are checked
+    (here each item part has its tag) was refused as a weight vw misreads,
+    and so was a common part '2 +3 |u a'. Both are sent now, and answered
+    as the engine answers the same lines read from a file."""
+    args = ["--oaa", "3"]
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args + ["--quiet"]) as model:
+        model.train("", ["'t |i x"], [2], [1e16])
+        got = list(model.predict("2 +3 |u a", ["|i x"]))
+        got += list(model.predict("", ["'t |i x"]))
+    code, raw = _engine_answers(["2 1e+16  't |i x", "2 +3 |u a |i x", " 't |i x"],
+                                args, tmp_path)
+    assert code == 0 and got == _ints(raw)[1:]
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--csoaa", "3", "--quiet"]) as model:
+        model.train("", ["'t |i x"], [{1: 1e20, 2: 0.0, 3: 1.0}])

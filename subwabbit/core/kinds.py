@@ -141,10 +141,12 @@ def check_number(value: Any, what: str) -> None:
                          f"got {value!r}")
 
 
-#: A number that vw's label parsers read in full with their own fast parser:
-#: digits, an optional ``-``, ``.`` and exponent. Anything else goes to C's
-#: ``strtof``, which reads a prefix (``2x`` as 2), ``inf`` or hexadecimal.
-_VW_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]-?[0-9]+)?\Z")
+#: A number that vw's label parsers read in full: digits, an optional sign,
+#: ``.`` and exponent. vw's own fast parser reads one without a ``+``; one
+#: with a ``+`` (``+3``, ``1e+16``, as Python's ``repr`` writes 1e16) goes
+#: to C's ``strtof``, which reads it in full too. Anything else ``strtof``
+#: reads a prefix of (``2x`` as 2), or as ``inf`` or hexadecimal.
+_VW_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 #: A class label or label as ``strtol`` reads it in full (``--oaa``, ``--multilabel_oaa``).
 _STRTOL_INT = re.compile(r"\+?[0-9]+\Z")
 #: A class or action as vw's hash of a name reads it as a number (``--csoaa``,
@@ -157,14 +159,16 @@ def vw_number(word: str) -> Optional[float]:
     probability), when it reads the word as written; ``None`` otherwise:
     vw reads ``x`` and ``nan`` as 0, ``2x`` as 2, a magnitude over
     :data:`FLOAT32_MAX` as an infinity, and a power of ten beyond its
-    parser's 8-bit exponent (``1e-200``) as another number.
+    parser's 8-bit exponent (``1e-200``) as another number (a word with
+    a ``+``, such as ``1e+16``, is read by ``strtof``, which has no such limit).
     """
     if _VW_NUMBER.match(word) is None:
         return None
-    mantissa, _, exponent = word.lower().partition("e")
-    decimals = min(len(mantissa.partition(".")[2]), 35)  # vw counts 35 at most
-    if not -128 <= int(exponent or "0") - decimals <= 127:
-        return None
+    if "+" not in word:  # vw's fast parser
+        mantissa, _, exponent = word.lower().partition("e")
+        decimals = min(len(mantissa.partition(".")[2]), 35)  # vw counts 35 at most
+        if not -128 <= int(exponent or "0") - decimals <= 127:
+            return None
     value = float(word)
     return value if abs(value) <= FLOAT32_MAX else None
 
