@@ -493,6 +493,25 @@ def test_numbers_with_a_plus_sign_vw_reads_as_written_pass(args, words):
     assert choose_kind(args).label_words_problem(words) is None
 
 
+@pytest.mark.parametrize("value", [1e-200, 1e-250, -1.2345678901234567e-115,
+                                   numpy.float64(1e-130)])
+def test_a_number_whose_text_vw_misreads_is_refused(value):
+    """vw's parser wraps a power of ten beyond 8 bits: the text of 1e-200
+    ('1e-200') is read as an infinity and 1e-250 as 1e6. As a label, weight
+    or cost such a number went to vw whenever the line's header was not
+    checked word by word (the default joining)."""
+    with pytest.raises(ValueError, match="misreads"):
+        choose_kind([]).check_labels([value])
+    with pytest.raises(ValueError, match="misreads"):
+        choose_kind(["--oaa", "3"]).check_weights([value])
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-120, 1e-110, 2.5e-111, 1e-60, 3e38])
+def test_small_numbers_vw_reads_as_written_pass(value):
+    choose_kind([]).check_labels([value])
+    choose_kind(["--oaa", "3"]).check_weights([abs(value)])
+
+
 def test_a_scalar_model_and_multi_line_kinds_check_no_label_words():
     assert choose_kind([]).label_words_rule() is None
     assert choose_kind(["--cb_explore_adf"]).label_words_rule() is None

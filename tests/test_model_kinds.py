@@ -1035,3 +1035,26 @@ def test_a_weight_or_cost_written_with_a_plus_is_sent_and_read_as_written(tmp_pa
     assert code == 0 and got == _ints(raw)[1:]
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--csoaa", "3", "--quiet"]) as model:
         model.train("", ["'t |i x"], [{1: 1e20, 2: 0.0, 3: 1.0}])
+
+
+@pytest.mark.parametrize("args, labels, weights, line, says", [
+    (["--oaa", "3"], [1], [1e-200], "1 1e-200", b"weighted example sum = inf"),
+    (["--loss_function", "logistic"], [1], [1e-200], "1 1e-200", b"weighted example sum = inf"),
+    (["--loss_function", "logistic"], [1e-250], None, "1e-250", b"weighted label sum = 1000000"),
+    (["--csoaa", "3"], [{1: 1e-200, 2: 0.0}], None, "1:1e-200 2:0.0", b"average loss = inf"),
+])
+def test_a_tiny_weight_or_cost_vw_would_read_as_another_number_is_refused(
+        args, labels, weights, line, says):
+    """vw reads '1e-200' as an infinity (its parser's power of ten wraps
+    around 8 bits: 'weighted example sum = inf'). The label words of a
+    training line were checked for it only when a formatter's text is in
+    the header; with the default joining a weight of 1e-200 was sent and
+    the engine learnt with an infinite weight. A ValueError now, before
+    anything is sent; the engine serves on."""
+    done = subprocess.run(default_engine_command() + args, input=f"{line} |u a\n".encode(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert says in done.stderr
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), args + ["--quiet"]) as model:
+        with pytest.raises(ValueError, match="misreads"):
+            model.train("|u a", ["|i x"], labels, weights)
+        assert len(list(model.predict("|u a", ["|i x"]))) == 1

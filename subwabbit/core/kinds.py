@@ -121,11 +121,14 @@ def check_number(value: Any, what: str) -> None:
     """Check a label part or weight: a real number that vw reads as finite.
 
     :raises TypeError: for something that is not a number (``bool`` included)
-    :raises ValueError: for NaN, an infinity, or a magnitude over
-        :data:`FLOAT32_MAX`
+    :raises ValueError: for NaN, an infinity, a magnitude over
+        :data:`FLOAT32_MAX`, or one so small (below about ``1e-110``) that
+        vw's parser misreads the number as written (:func:`vw_number`:
+        ``1e-200`` is read as an infinity, ``1e-250`` as ``1e6``)
     """
     kind = type(value)
-    if (kind is int or kind is float) and -FLOAT32_MAX <= value <= FLOAT32_MAX:
+    if (kind is int or kind is float) and -FLOAT32_MAX <= value <= FLOAT32_MAX and (
+            not -_TINY < value < _TINY or value == 0):
         return  # (NaN fails both comparisons)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number, got {value!r}")
@@ -139,6 +142,18 @@ def check_number(value: Any, what: str) -> None:
         raise ValueError(f"{what} must be at most {FLOAT32_MAX:g} in magnitude (vw reads it "
                          f"as a 32-bit float, and reads a larger one as an infinity), "
                          f"got {value!r}")
+    # (as the lines write it: no int is that small, and other reals print as floats)
+    if number != 0 and abs(number) < _TINY and vw_number(repr(number)) is None:
+        raise ValueError(f"{what} is {value!r}, written {number!r}, which vw's "
+                         "number parser misreads (its power of ten wraps around 8 bits: "
+                         "1e-200 is read as an infinity); as a 32-bit float, as vw keeps it, "
+                         "it is 0: pass 0")
+
+
+#: Below this magnitude the text of a float may hold a power of ten that
+#: vw's number parser wraps (see :func:`vw_number`); at or above it none does
+#: (``repr`` writes 17 digits at most).
+_TINY = 1e-110
 
 
 #: A number that vw's label parsers read in full: digits, an optional sign,
@@ -321,8 +336,9 @@ class PredictionKind:
         """
         for index, label in enumerate(labels):
             kind = type(label)
-            # Plain ints and floats that vw reads as finite pass without a call.
-            if not ((kind is int or kind is float) and -FLOAT32_MAX <= label <= FLOAT32_MAX):
+            # Plain ints and floats that vw reads as written pass without a call.
+            if not ((kind is int or kind is float) and -FLOAT32_MAX <= label <= FLOAT32_MAX
+                    and (not -_TINY < label < _TINY or label == 0)):
                 check_scalar_label(label, index)
         return labels
 
