@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBaseFormatter,
-                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
+from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess,
+                       VowpalWabbitBaseFormatter, VowpalWabbitNonBlockingProcess,
+                       VowpalWabbitPool, VowpalWabbitProcess)
 from subwabbit.command import default_engine_command
 
 #: The client classes, as ``Client`` names them.
@@ -214,42 +215,55 @@ PYTHON = sys.executable
 
 
 class Client:
-    """One interface over the three classes, so each test runs on all of them."""
+    """One interface over the client classes, so each test runs on all of
+    them: the three processes (``ALL_KINDS``), and the pools (``"pool"``,
+    ``"asyncio-pool"``: pass their ``size``), which do not train."""
+
+    _CLASSES = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess,
+                "asyncio": AsyncVowpalWabbitProcess, "pool": VowpalWabbitPool,
+                "asyncio-pool": AsyncVowpalWabbitPool}
 
     def __init__(self, kind, *args, **kwargs):
         self.kind = kind
-        if kind == "asyncio":
+        self.model = self._CLASSES[kind](*args, **kwargs)
+        self.loop = None
+        if kind.startswith("asyncio"):
             self.loop = asyncio.new_event_loop()
-            self.model = AsyncVowpalWabbitProcess(*args, **kwargs)
             self.loop.run_until_complete(self.model.start())
-        else:
-            cls = VowpalWabbitProcess if kind == "blocking" else VowpalWabbitNonBlockingProcess
-            self.model = cls(*args, **kwargs)
+
+    @property
+    def trains(self):
+        """Whether the class has ``train`` (a pool refuses it)."""
+        return "pool" not in self.kind
+
+    def pids(self):
+        """The process ids of the engines."""
+        return self.model.engine_pids() if "pool" in self.kind else [self.model.pid]
 
     def predict(self, *args, **kwargs):
-        if self.kind == "asyncio":
+        if self.loop is not None:
             return self.loop.run_until_complete(self.model.predict(*args, **kwargs))
         return list(self.model.predict(*args, **kwargs))
 
     def restart(self):
-        if self.kind == "asyncio":
+        if self.loop is not None:
             return self.loop.run_until_complete(self.model.restart())
         return self.model.restart()
 
     def train(self, *args, **kwargs):
-        if self.kind == "asyncio":
+        if self.loop is not None:
             return self.loop.run_until_complete(self.model.train(*args, **kwargs))
         return self.model.train(*args, **kwargs)
 
     def close(self):
-        if self.kind == "asyncio":
+        if self.loop is not None:
             self.loop.run_until_complete(self.model.close())
             self.loop.close()
         else:
             self.model.close()
 
     def new_loop_after_fork(self):
-        if self.kind == "asyncio":
+        if self.loop is not None:
             self.loop = asyncio.new_event_loop()
 
 

@@ -801,6 +801,11 @@ def test_multi_line_train_metrics_count_items_and_an_empty_call_sends_nothing():
         assert len(list(model.predict(*request(4, 5)))) == 5
 
 
+def _one_engine(client_kind: str) -> Dict[str, Any]:
+    """The arguments that make a pool of one engine (none for a process)."""
+    return {"size": 1} if "pool" in client_kind else {}
+
+
 @pytest.mark.parametrize("client_kind", ALL_KINDS + ["pool"])
 @pytest.mark.parametrize("name", ["cb_adf", "cb_explore_adf"])
 def test_a_label_the_engine_would_exit_on_is_refused_before_anything_is_sent(name, client_kind,
@@ -820,17 +825,10 @@ def test_a_label_the_engine_would_exit_on_is_refused_before_anything_is_sent(nam
     assert subprocess.run(default_engine_command() + ["-d", str(data), "--quiet"] + kind.args,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           timeout=120).returncode != 0  # the engine reads it and exits
-    if client_kind == "pool":
-        from subwabbit import VowpalWabbitPool  # pylint: disable=import-outside-toplevel
-        pool = VowpalWabbitPool(formatter, kind.args + ["--quiet"], size=1)
-        predict, train, close = pool.predict, None, pool.close
-        pids = pool.engine_pids
-    else:
-        client = Client(client_kind, formatter, kind.args + ["--quiet"])
-        predict, train, close = client.predict, client.train, client.close
-        pids = lambda: [client.model.pid]  # noqa: E731
+    client = Client(client_kind, formatter, kind.args + ["--quiet"], **_one_engine(client_kind))
+    predict, train = client.predict, client.train if client.trains else None
     try:
-        before = pids()
+        before = client.pids()
         for common, parts, match in (
                 ("1 |u a", items, r"the shared line has '1' before its first '\|'"),
                 ("shared |u a", items, "the shared line has 'shared'"),
@@ -852,9 +850,9 @@ def test_a_label_the_engine_would_exit_on_is_refused_before_anything_is_sent(nam
                                    kind.args + kind.file_args, tmp_path)
             assert raw[1] == b""
             assert predict(common, parts) == _in_action_order(raw[0].split(b" ")[0])  # (a tag)
-        assert pids() == before  # never restarted
+        assert client.pids() == before  # never restarted
     finally:
-        close()
+        client.close()
 
 
 #: For single-line kinds: common parts whose label words vw would exit on
@@ -900,32 +898,15 @@ def test_a_label_in_the_common_part_that_vw_misreads_is_refused_on_every_client(
     class 1050319616. It is a ValueError before anything is sent now, in
     predict and train; a label vw reads as written still passes (a labelled
     predict line is one vw learns from, or computes a loss of under -t)."""
-    from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
-
     kind = KINDS[name]
     refused, accepted = HEADERS[name]
     formatter = VowpalWabbitDummyFormatter()
     items = ["|i x", "|i y"]
     read = kind.read
-    if client_kind == "pool":
-        pool = VowpalWabbitPool(formatter, kind.args + ["--quiet"], size=1)
-        predict, train, close, pids = pool.predict, None, pool.close, pool.engine_pids
-    elif client_kind == "asyncio-pool":
-        loop = asyncio.new_event_loop()
-        apool = AsyncVowpalWabbitPool(formatter, kind.args + ["--quiet"], size=1)
-        loop.run_until_complete(apool.start())
-        predict = lambda *args: loop.run_until_complete(apool.predict(*args))  # noqa: E731
-        train, pids = None, apool.engine_pids
-
-        def close():
-            loop.run_until_complete(apool.close())
-            loop.close()
-    else:
-        client = Client(client_kind, formatter, kind.args + ["--quiet"])
-        predict, train, close = client.predict, client.train, client.close
-        pids = lambda: [client.model.pid]  # noqa: E731
+    client = Client(client_kind, formatter, kind.args + ["--quiet"], **_one_engine(client_kind))
+    predict, train = client.predict, client.train if client.trains else None
     try:
-        before = pids()
+        before = client.pids()
         got = []
         for good, bad in zip(accepted * len(refused), refused):
             with pytest.raises(ValueError, match="the formatted common features has .* "
@@ -935,9 +916,9 @@ def test_a_label_in_the_common_part_that_vw_misreads_is_refused_on_every_client(
                 with pytest.raises(ValueError, match=r"training example #0 has "):
                     train(bad, items, [kind.label(0, 0)] * 2)
             got += predict(good, items)
-        assert pids() == before  # never restarted
+        assert client.pids() == before  # never restarted
     finally:
-        close()
+        client.close()
     # The engine reading the accepted lines alone (nothing refused reached it)
     lines = [f"{good} {part}" for good in (accepted * len(refused))[:len(refused)]
              for part in items]

@@ -234,6 +234,13 @@ def _three_models(tmp_path):
     return paths
 
 
+def _as_a_new_process_predicts(model_path, parts):
+    """What a process started on ``model_path`` predicts for ``parts``."""
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                             ["-i", model_path, "-t", "--quiet"]) as fresh:
+        return list(fresh.predict("|u x", parts))
+
+
 def test_overlapping_reloads_of_a_thread_pool_serve_the_last_one_asked_for(tmp_path):
     # Found by a review: reloads ran side by side, and the one whose engines
     # started last served, though another was asked for after it.
@@ -283,9 +290,7 @@ def test_overlapping_reloads_of_a_single_process_serve_the_last_one_asked_for(ki
         newest = list(model.predict("|u x", parts))
         assert v3 in model.vw_args, model.vw_args
         assert newest[0] < newest[1]  # v3 scores the items the other way round
-        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
-                                 ["-i", v3, "-t", "--quiet"]) as fresh:
-            assert newest == pytest.approx(list(fresh.predict("|u x", parts)), abs=1e-6)
+        assert newest == pytest.approx(_as_a_new_process_predicts(v3, parts), abs=1e-6)
 
 
 def test_overlapping_reloads_of_an_asyncio_process_serve_the_last_one_asked_for(tmp_path):
@@ -313,8 +318,7 @@ def test_overlapping_reloads_of_an_asyncio_process_serve_the_last_one_asked_for(
 
     newest, vw_args = asyncio.run(main())
     assert v3 in vw_args, vw_args
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", v3, "-t", "--quiet"]) as fresh:
-        assert newest == pytest.approx(list(fresh.predict("|u x", parts)), abs=1e-6)
+    assert newest == pytest.approx(_as_a_new_process_predicts(v3, parts), abs=1e-6)
 
 
 def test_overlapping_reloads_of_an_asyncio_pool_serve_the_last_one_asked_for(tmp_path):
