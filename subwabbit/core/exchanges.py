@@ -220,11 +220,7 @@ class PredictExchange(Exchange):
                  format_s_per_item: Optional[float] = None) -> None:
         super().__init__(channel, call, deadline, idle_s, pacing.hard_deadline,
                          pacing.max_lateness_s)
-        #: seconds the formatter took per item in its last batch (``None``:
-        #: not measured yet): the client keeps it for its next call
-        self.format_s_per_item = format_s_per_item
-        #: whether this call measured :attr:`format_s_per_item` itself
-        self._speed_measured = False
+        self._speed = FormatterSpeed(format_s_per_item)
         self._timing_per_line = timing_per_line
         self.pacing = pacing
         self.parse = parse
@@ -326,6 +322,12 @@ class PredictExchange(Exchange):
             self.channel.pace = measured
         super().end()
 
+    @property
+    def format_s_per_item(self) -> Optional[float]:
+        """The formatter's seconds per item, for the client's next call
+        (:class:`FormatterSpeed`)."""
+        return self._speed.seconds_per_item
+
     def _stop_producing(self) -> None:
         """The write cut-off (hard deadline) or the deadline: format and
         send nothing more (with a hard deadline, what is not written yet
@@ -347,10 +349,8 @@ class PredictExchange(Exchange):
         clock = self._clock
         began = clock() if clock is not None else 0.0
         if clock is not None:
-            want = items_to_format(want, self.format_s_per_item, began, self._stop_producing_at)
+            want = self._speed.items(want, began, self._stop_producing_at)
             if not want:  # not one more item is formatted before the cut-off
-                if not self._speed_measured:
-                    self.format_s_per_item = stale_speed(self.format_s_per_item)
                 self._stop_producing()
                 return []
         parts = format_next(self._format_item, self._common_features, self._items, want,
@@ -358,8 +358,7 @@ class PredictExchange(Exchange):
         if len(parts) < want:
             self.producing = False
         if clock is not None and parts:
-            self.format_s_per_item = (clock() - began) / len(parts)
-            self._speed_measured = True
+            self._speed.note(clock() - began, len(parts))
         if self._detailed is not None and self._clock:
             end = self._clock()
             entries = self._detailed["generating_lines_time"]
@@ -511,6 +510,36 @@ def stale_speed(seconds_per_item: Optional[float]) -> Optional[float]:
     collection) made every later call format nothing, for good; halved at
     each such call, a later call formats an item and measures it again."""
     return None if seconds_per_item is None else seconds_per_item / 2
+
+
+class FormatterSpeed:
+    """The formatter's speed as one call measures it, batch by batch: how
+    many items a batch may hold (:func:`items_to_format`), and the seconds
+    per item the client keeps for its next call (:attr:`seconds_per_item`;
+    halved, :func:`stale_speed`, when the call formats nothing before it
+    measured the speed itself). The single-engine and the split exchanges
+    both size their batches with it.
+
+    :param seconds_per_item: what the client's last call measured (``None``: unknown)
+    """
+
+    __slots__ = ("seconds_per_item", "_measured")
+
+    def __init__(self, seconds_per_item: Optional[float]) -> None:
+        self.seconds_per_item = seconds_per_item
+        self._measured = False
+
+    def items(self, want: int, now: float, stop_at: Optional[float]) -> int:
+        """:func:`items_to_format` at this speed (``0``: stop sending)."""
+        count = items_to_format(want, self.seconds_per_item, now, stop_at)
+        if not count and not self._measured:
+            self.seconds_per_item = stale_speed(self.seconds_per_item)
+        return count
+
+    def note(self, seconds: float, items: int) -> None:
+        """A batch of ``items`` (at least one) took ``seconds`` to format."""
+        self.seconds_per_item = seconds / items
+        self._measured = True
 
 
 def format_next(format_item: Callable[..., Any], common_features: Any, items: Iterator[Any],

@@ -71,8 +71,7 @@ from typing import (Any, Callable, Deque, Dict, Generic, Hashable, Iterable, Ite
 
 from ..errors import VowpalWabbitTimeoutError
 from .channel import Call, Channel
-from .exchanges import (Parser, _line_joiner, check_item_parts, format_next, items_to_format,
-                        stale_speed)
+from .exchanges import FormatterSpeed, Parser, _line_joiner, check_item_parts, format_next
 
 
 #: The type of a lane's key, the driver's name for its engine (a pool's
@@ -220,11 +219,7 @@ class SplitPredictExchange(Generic[Key]):
         self._stop_dealing_at = None if deadline is None else deadline - write_cutoff_s
         self._items = iter(items)
         self._clock = clock
-        #: seconds the formatter took per item in its last batch (``None``:
-        #: not measured yet): the client keeps it for its next call
-        self.format_s_per_item = format_s_per_item
-        #: whether this call measured :attr:`format_s_per_item` itself
-        self._speed_measured = False
+        self._speed = FormatterSpeed(format_s_per_item)
         self._format_item = formatter.format_item_features
         self._common_features = common_features
         self._debug_info = debug_info
@@ -257,6 +252,12 @@ class SplitPredictExchange(Generic[Key]):
         self.timed_out = False
 
     # ------------------------------------------------------------ lanes
+
+    @property
+    def format_s_per_item(self) -> Optional[float]:
+        """The formatter's seconds per item, for the client's next call
+        (:class:`~subwabbit.core.exchanges.FormatterSpeed`)."""
+        return self._speed.seconds_per_item
 
     def add_lane(self, key: Key, channel: Channel) -> Lane[Key]:
         """Give the call one more engine (what earlier calls left in flight
@@ -627,18 +628,15 @@ class SplitPredictExchange(Generic[Key]):
         clock = self._clock
         if clock is not None:
             began = clock()
-            want = items_to_format(want, self.format_s_per_item, began, self._stop_dealing_at)
+            want = self._speed.items(want, began, self._stop_dealing_at)
             if not want:  # not one more item is formatted before the write cut-off
-                if not self._speed_measured:
-                    self.format_s_per_item = stale_speed(self.format_s_per_item)
                 self._stop_dealing()
                 return None
         parts = self._next_parts(want)
         if not parts:
             return None
         if clock is not None:
-            self.format_s_per_item = (clock() - began) / len(parts)
-            self._speed_measured = True
+            self._speed.note(clock() - began, len(parts))
         batch = _Batch(self.formatted, self._join(parts, self.formatted))
         if not self.formatted:
             self.first_lines = batch.lines
