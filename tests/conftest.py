@@ -255,6 +255,11 @@ class Client:
             return self.loop.run_until_complete(self.model.train(*args, **kwargs))
         return self.model.train(*args, **kwargs)
 
+    def reload(self, *args, **kwargs):
+        if self.loop is not None:
+            return self.loop.run_until_complete(self.model.reload(*args, **kwargs))
+        return self.model.reload(*args, **kwargs)
+
     def close(self):
         if self.loop is not None:
             self.loop.run_until_complete(self.model.close())

@@ -735,15 +735,14 @@ def test_a_reload_cannot_change_the_kind_of_model(tmp_path):
 
 
 
-@pytest.mark.parametrize("client", ["nonblocking", "pool", "asyncio-pool"])
-def test_a_reload_cannot_change_the_classes(client, tmp_path):
+@pytest.mark.parametrize("client_kind", ALL_KINDS + ["pool", "asyncio-pool"])
+def test_a_reload_cannot_change_the_classes(client_kind, tmp_path):
     """A reload to a model of the same kind with other classes is refused
     before any engine starts. It used to start them and check them against
     the old classes: 5 classes to 3 failed start-up with a message blaming
     the old file, and 3 to 5 passed, after which a pool call that had
     waited for an engine across the switch returned the first 3 of the new
     model's 5 probabilities per item (found by a review, /tmp/review14)."""
-    from subwabbit import AsyncVowpalWabbitPool, VowpalWabbitPool
     lines = [line for index in TRAIN for line in file_lines("oaa-probabilities", index)]
     files = {}
     for classes in (3, 5):
@@ -758,38 +757,25 @@ def test_a_reload_cannot_change_the_classes(client, tmp_path):
                                                                  False)]
     truth = _class_dicts(engine_from_file(test, ["-i", files[3], "-t"]
                                           + KINDS["oaa-probabilities"].load_args, tmp_path))
-    if client == "asyncio-pool":
-        async def main():
-            for first, then, match in ((load(3), load(5), "class label is an int from 1 to 5"),
-                                       (named("walk,run,sprint"), named("a,b,c"),
-                                        "one of a, b, c")):
-                async with AsyncVowpalWabbitPool(FORMATTER, first, size=1) as pool:
-                    pids = pool.engine_pids()
-                    with pytest.raises(ValueError, match=f"{refused}.*{match}"):
-                        await pool.reload(then)
-                    assert pool.engine_pids() == pids
-                    if first == load(3):
-                        got = [p for index, size in TEST
-                               for p in await pool.predict(*request(index, size))]
-                        assert got == truth
-        asyncio.run(main())
-        return
-    make = {"nonblocking": VowpalWabbitNonBlockingProcess,
-            "pool": lambda formatter, args: VowpalWabbitPool(formatter, args, size=1)}[client]
+    pool_size = {"size": 1} if "pool" in client_kind else {}
     for first, then, match in ((load(3), load(5), "class label is an int from 1 to 5"),
                                (load(5), load(3), "class label is an int from 1 to 3"),
                                (named("walk,run,sprint"), named("a,b,c"), "one of a, b, c")):
-        with make(FORMATTER, first) as model:
-            pids = model.engine_pids() if client == "pool" else [model.pid]
+        model = Client(client_kind, FORMATTER, first, **pool_size)
+        try:
+            pids = model.pids()
             with pytest.raises(ValueError, match=f"{refused}.*{match}"):
                 model.reload(then)
-            assert (model.engine_pids() if client == "pool" else [model.pid]) == pids
+            assert model.pids() == pids
             if first == load(3):
                 got = [p for index, size in TEST for p in model.predict(*request(index, size))]
                 assert got == truth
                 model.reload(load(3))  # the same classes: served
                 got = [p for index, size in TEST for p in model.predict(*request(index, size))]
                 assert got == truth
+        finally:
+            model.close()
+
 
 def test_multi_line_train_metrics_count_items_and_an_empty_call_sends_nothing():
     seen = []
