@@ -429,8 +429,10 @@ def test_test_only_is_refused(option):
 
 @pytest.mark.parametrize("bad,error", [
     (dict(batch_size=0), ValueError), (dict(prediction_type="zzz"), ValueError),
-    (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError)],
-    ids=["batch_size", "prediction_type", "formatter", "unservable-reduction"])
+    (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError),
+    (dict(vw_args=ARGS + ["--oaa", "3"], prediction_type="cb_explore_adf"), ValueError)],
+    ids=["batch_size", "prediction_type", "formatter", "unservable-reduction",
+         "prediction_type-contradicting-vw_args"])
 def test_arguments_the_nodes_would_refuse_are_refused_before_the_job(bad, error):
     """Not by every node on the cluster, as a DistributedTrainingError (found
     by a review): the client is not even asked for its workers."""

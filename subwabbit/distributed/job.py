@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from ..base import VowpalWabbitBaseFormatter
 from ..client import check_formatter_and_batch_size
 from ..command import VwArgs
-from ..core.kinds import KINDS, refuse_unservable
+from ..core.kinds import choose_kind
 from ..deadlines import validate_seconds
 from .args import check_user_args
 from .errors import DistributedTrainingError
@@ -116,10 +116,10 @@ def _check_node_options(formatter: Any, tokens: List[str], batch_size: Any,
                         prediction_type: Optional[str]) -> None:
     """Refuse here what every node's process would refuse on its worker."""
     check_formatter_and_batch_size(formatter, batch_size)
-    if prediction_type is not None and prediction_type not in KINDS:
-        raise ValueError(f"prediction_type must be one of {', '.join(sorted(KINDS))}, "
-                         f"got {prediction_type!r}")
-    refuse_unservable(tokens)
+    # The kind the nodes' processes choose (a model file's saved options are
+    # read on the workers): an unknown prediction_type, one that contradicts
+    # the reduction in vw_args, or a reduction subwabbit cannot serve.
+    choose_kind(tokens, prediction_type)
 
 
 def _spread_over_workers(client: Any, count: int) -> List[str]:
