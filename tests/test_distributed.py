@@ -8,6 +8,7 @@ and every way a job can fail, each followed by a check that no engine, socket
 or port is left and that the next job succeeds.
 """
 
+import errno
 import math
 import os
 import random
@@ -275,6 +276,22 @@ def test_a_reproducible_chain_follows_the_node_numbers_wherever_the_nodes_run():
         assert answers[0][2] == struct.pack("!H", 30001)  # node 0's parent is node 1
         assert answers[1][2] == struct.pack("!H", 30002)  # node 1's parent is node 2
         assert answers[2][1] + answers[2][2] == b"\xff" * 6  # node 2 is the root
+
+
+def test_a_rendezvous_port_in_use_is_named_in_the_error(cluster2, calls, tmp_path):
+    """'[Errno 98] Address already in use' said neither which address nor
+    that it was the rendezvous'."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"rendezvous cannot listen on 127.0.0.1:{port} "
+                                          r"\(Address already in use\): choose another "
+                                          "rendezvous_port") as caught:
+            train(cluster2, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
+                  tmp_path / "model.vw", rendezvous_port=port, timeout_s=30)
+    assert caught.value.errno == errno.EADDRINUSE
+    assert os.listdir(tmp_path) == []
 
 
 def test_rendezvous_refuses_another_jobs_engine_and_a_second_node_zero():

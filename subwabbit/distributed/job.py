@@ -215,6 +215,8 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         without workers; before anything is sent to the cluster
     :raises TypeError: for shards that are not iterables, or a formatter without the
         formatter's methods
+    :raises OSError: when the rendezvous cannot listen on ``rendezvous_host`` and
+        ``rendezvous_port`` (a port in use, say), before anything is sent to the cluster
     """
     distributed = _import_distributed()
     timeout_s = validate_seconds(timeout_s, "timeout_s", allow_none=False)  # type: ignore[assignment]
@@ -381,8 +383,8 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
     :returns: ``model_path``
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time (no model is written)
-    :raises OSError: when no file can be written beside ``model_path``,
-        before the job starts
+    :raises OSError: when no file can be written beside ``model_path``, or
+        the rendezvous cannot listen on its port, before the job starts
     """
     path = os.fspath(model_path)
     # A name of its own (two jobs of one process may write the same path),

@@ -168,7 +168,8 @@ class Rendezvous:
         the order of their numbers wherever they run, so that every sum is
         added in one order and the same shards give the same weights bit for
         bit (see :mod:`subwabbit.distributed.tree`)
-    :raises OSError: when the address cannot be listened on
+    :raises OSError: when the address cannot be listened on (the message
+        names the address and port)
     :raises ValueError: for a unique id or total out of range
     """
 
@@ -206,6 +207,11 @@ class Rendezvous:
             self._listener.bind((host, port))
             self._listener.listen(max(16, 2 * total))
             self._listener.setblocking(False)
+        except OSError as exc:
+            self._listener.close()
+            raise OSError(exc.errno, f"the rendezvous cannot listen on {host}:{port} "
+                                     f"({exc.strerror or exc}): choose another "
+                                     "rendezvous_port (0: any free port)") from exc
         except BaseException:
             self._listener.close()
             raise
