@@ -847,6 +847,27 @@ def test_a_warm_start_from_a_bandit_model_file_trains_with_prediction_type(clust
     assert len(probabilities) == 4 and abs(sum(probabilities) - 1.0) < 1e-3
 
 
+def test_nodes_without_holdout_examples_fail_saying_why_there_is_no_model(cluster2,
+                                                                         rendezvous_log):
+    """With --passes, vw writes the model at a pass that improves the holdout
+    loss; over AllReduce a node without holdout examples counts as an
+    infinite loss, so with none on any node no model is written. The job
+    failed with "FileNotFoundError: [Errno 2] No such file or directory:
+    '/tmp/subwabbit-node0-.../model.vw'"."""
+    shards = split(make_calls(4, per_call=3), 2)  # 6 examples a node: none held out
+    with pytest.raises(DistributedTrainingError) as caught:
+        run_job(cluster2, shards, VowpalWabbitDummyFormatter(), ARGS + ["--passes", "3"],
+                timeout_s=60)
+    assert caught.value.node == 0
+    assert caught.value.reason.startswith("its engine finished without an error but wrote "
+                                          "no model")
+    assert "--holdout_off" in caught.value.reason
+    assert_nothing_left(rendezvous_log[-1])
+    result = run_job(cluster2, shards, VowpalWabbitDummyFormatter(),
+                     ARGS + ["--passes", "3", "--holdout_off"], timeout_s=60)
+    assert result.lines == 12 and result.models[0]
+
+
 def test_a_model_path_that_is_a_directory_fails_before_the_job(monkeypatch, tmp_path):
     def job_ran(*args, **kwargs):
         raise AssertionError("the job ran before model_path was checked")

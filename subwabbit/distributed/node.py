@@ -278,6 +278,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _read_model(node: int, model_path: str) -> bytes:
+    """The model file a node's engine wrote when it exited without an error.
+
+    :raises DistributedTrainingError: when there is none (what vw does with
+        a holdout set and no holdout example on any node)
+    """
+    try:
+        with open(model_path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise _node_error(node, "its engine finished without an error but wrote no model: "
+                          "with --passes above 1 and a holdout set (the default) vw writes "
+                          "it at the end of a pass whose holdout loss is the best yet, and "
+                          "over AllReduce none is when no node has a holdout example (every "
+                          "10th example of a shard is held out); give the nodes more "
+                          "examples, or pass --holdout_off") from None
+
+
 def run_node(spec: NodeSpec, node: int, shard: Iterable[Any]) -> NodeReport:
     """Train node ``node`` on ``shard`` (the body of the node's Dask task).
 
@@ -366,8 +384,7 @@ def _train(spec: NodeSpec, node: int, shard: Iterable[Any], link: ControlLink, d
                               f"shard ({process!r})")
         model = None
         if node in spec.keep_models:
-            with open(model_path, "rb") as handle:
-                model = handle.read()
+            model = _read_model(node, model_path)
         link.done()
         return NodeReport(node=node, host=socket.gethostname(), pid=os.getpid(), calls=calls,
                           lines=lines, started_at=started_at, engine_started_at=engine_started_at,
