@@ -192,12 +192,22 @@ class PrefixedLines(Sequence[str]):
     def __repr__(self) -> str:
         return f"PrefixedLines({self.prefix!r}, {self.parts!r})"
 
-    def encode(self) -> bytes:
-        """The lines, each ended by a newline, as UTF-8."""
+    def encode(self, first_index: int = 0) -> bytes:
+        """The lines, each ended by a newline, as UTF-8.
+
+        :param first_index: the request position of the first line, for error messages
+        :raises UnicodeEncodeError: naming the line (or the common part) with
+            text that UTF-8 cannot encode (a lone surrogate)
+        """
         if not self.parts:
             return b""
         prefix = self.prefix
-        return (prefix + ("\n" + prefix).join(self.parts) + "\n").encode("utf-8")
+        try:
+            return (prefix + ("\n" + prefix).join(self.parts) + "\n").encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise (unencodable_line_error([prefix], "the formatted common features")
+                   or unencodable_line_error(self.parts, "formatted item", first_index)
+                   or exc) from None
 
 
 _SAVE = re.compile("save")
@@ -252,16 +262,45 @@ def encode_lines(lines: Sequence[str], first_index: int = 0) -> bytes:
     :param lines: formatted examples
     :param first_index: the request position of ``lines[0]``, for error messages
     :returns: the bytes to send
-    :raises ValueError: see :func:`check_line`; also for text that is not valid Unicode
+    :raises ValueError: see :func:`check_line`
+    :raises UnicodeEncodeError: (a ``ValueError``) for text that UTF-8
+        cannot encode (a lone surrogate), naming the line
+        (:func:`unencodable_line_error`)
     """
     if type(lines) is PrefixedLines:  # pylint: disable=unidiomatic-typecheck
-        return lines.encode()
+        return lines.encode(first_index)
     if not lines:
         return b""
     if not isinstance(lines, CheckedLines) and not _all_one_example(lines):
         for offset, line in enumerate(lines):
             check_line(line, first_index + offset)
-    return ("\n".join(lines) + "\n").encode("utf-8")
+    try:
+        return ("\n".join(lines) + "\n").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise unencodable_line_error(lines, "formatted example", first_index) or exc from None
+
+
+def unencodable_line_error(lines: Sequence[str], what: str,
+                           first_index: Optional[int] = None) -> Optional[UnicodeEncodeError]:
+    """The error to raise when encoding ``lines`` (joined) failed: UTF-8's
+    own, at its place in the first line that cannot be encoded, named with
+    ``what`` (and its request position), where an error in a whole batch
+    gives only a position in the batch's text. Called only once encoding has
+    failed: lines are not encoded one by one otherwise.
+
+    :param what: how to name a line in the error message
+    :param first_index: the request position of ``lines[0]``, written after
+        ``what`` (``None``: ``what`` names the one line)
+    :returns: ``None`` when every line encodes on its own
+    """
+    for offset, line in enumerate(lines):
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            name = what if first_index is None else f"{what} #{first_index + offset}"
+            return UnicodeEncodeError(exc.encoding, exc.object, exc.start, exc.end,
+                                      f"{exc.reason}, in {name}: {line!r}")
+    return None
 
 
 def label_words(line: str) -> List[str]:
@@ -397,6 +436,8 @@ def encode_example(lines: Sequence[str]) -> bytes:
     :returns: the bytes to send
     :raises ValueError: see :func:`check_example_line`, naming the item by
         its position; also for an example without item lines
+    :raises UnicodeEncodeError: (a ``ValueError``) for text that UTF-8
+        cannot encode (a lone surrogate), naming the line
     """
     shared_lines = 1
     if len(lines) <= shared_lines:
@@ -417,7 +458,12 @@ def encode_example(lines: Sequence[str]) -> bytes:
                 check_example_line(line, "the shared line", item=False)
             else:
                 check_example_line(line, f"formatted item #{index - shared_lines}")
-    return (text + "\n\n").encode("utf-8")
+    try:
+        return (text + "\n\n").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise (unencodable_line_error(lines[:shared_lines], "the shared line")
+               or unencodable_line_error(lines[shared_lines:], "formatted item", 0)
+               or exc) from None
 
 
 def parse_scalar(line: bytes) -> float:

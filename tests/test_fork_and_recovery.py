@@ -222,6 +222,62 @@ def test_a_formatter_that_returns_none_raises_type_error_naming_the_method(kind,
         client.close()
 
 
+class SurrogateItems(DictFormatter):
+    """Formats an item with ``"bad": True`` with a lone surrogate, which UTF-8 cannot encode."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        text = super().format_item_features(common_features, item_features, debug_info)
+        return text + " t\ud800" if item_features.get("bad") else text
+
+
+class SurrogateLines(SurrogateItems):
+    """The same, with a joining of its own (lines are encoded whole, not as parts)."""
+
+    def get_formatted_example(self, common_features, item_features, label=None, weight=None,
+                              debug_info=None):
+        return super().get_formatted_example(common_features, item_features, label, weight,
+                                             debug_info)
+
+
+@pytest.mark.parametrize("formatter_class", [SurrogateItems, SurrogateLines])
+@pytest.mark.parametrize("kind", ALL_KINDS + ["pool", "asyncio-pool"])
+def test_an_item_that_utf8_cannot_encode_is_named_in_the_error(kind, formatter_class,
+                                                               trained_model):
+    # Lines are encoded a batch at a time: before, the error gave a position
+    # in the batch's text ("... in position 492"), not which item it was.
+    sizes = {"size": 2} if "pool" in kind else {}
+    client = Client(kind, formatter_class(), scoring_args(trained_model), **sizes)
+    try:
+        request = {"user": 1}
+        expected = client.predict(request, items(5))
+        bad = items(300)
+        bad[137] = {"id": 37, "bad": True}
+        with pytest.raises(UnicodeEncodeError, match=r"in formatted (item|example) #137: "):
+            client.predict(request, bad)
+        assert client.predict(request, items(5)) == expected  # nothing was sent
+        if client.trains:
+            with pytest.raises(UnicodeEncodeError, match=r"in formatted example #137: '1 "):
+                client.train(request, bad, [1] * 300)
+            assert client.predict(request, items(5)) == expected
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS + ["pool", "asyncio-pool"])
+def test_an_item_of_a_multi_line_example_that_utf8_cannot_encode_is_named(kind):
+    sizes = {"size": 2} if "pool" in kind else {}
+    client = Client(kind, SurrogateItems(), ["--cb_explore_adf", "--quiet"], **sizes)
+    try:
+        request = {"user": 1}
+        bad = items(30)
+        bad[17] = {"id": 17, "bad": True}
+        with pytest.raises(UnicodeEncodeError, match=r"in formatted item #17: '\|i i17 c3 t"):
+            client.predict(request, bad)
+        assert len(client.predict(request, items(3))) == 3  # nothing was sent
+    finally:
+        client.close()
+
+
 def test_failures_that_are_raised_are_not_also_logged_as_errors(caplog):
     # (The engine killed: a label it would exit on is refused before sending.)
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--oaa", "3", "--quiet"]) as model:

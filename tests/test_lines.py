@@ -3,8 +3,9 @@
 import pytest
 
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError
-from subwabbit.lines import (check_header_without_tab, check_line, check_line_part, encode_lines,
-                             label_words, parse_labels, parse_scalar, parse_scalars)
+from subwabbit.lines import (CheckedLines, PrefixedLines, check_header_without_tab, check_line,
+                             check_line_part, encode_example, encode_lines, label_words,
+                             parse_labels, parse_scalar, parse_scalars)
 
 # ------------------------------------------------------------------ check_line_part
 
@@ -180,6 +181,29 @@ def test_encode_lines_rejects_lone_surrogates(lines):
         encode_lines(lines)
     with pytest.raises(UnicodeEncodeError):
         encode_lines(lines)
+
+
+@pytest.mark.parametrize("lines, first_index, name", [
+    (["|a x", "|b y", "|c \udfff"], 0, "formatted example #2"),
+    (["|a x", "|b \ud800 z"], 40, "formatted example #41"),
+    (CheckedLines(["|a \ud800"]), 7, "formatted example #7"),
+    (PrefixedLines("|u a", ["|i x", "|i \ud800"]), 10, "formatted item #11"),
+    (PrefixedLines("|u \ud800", ["|i x", "|i y"]), 10, "the formatted common features"),
+])
+def test_encode_lines_names_the_line_utf8_cannot_encode(lines, first_index, name):
+    # (before, only a position in the batch's text: "... in position 11")
+    with pytest.raises(UnicodeEncodeError, match=rf"surrogates not allowed, in {name}: '") as error:
+        encode_lines(lines, first_index)
+    assert error.value.object[error.value.start] in "\ud800\udfff"
+
+
+@pytest.mark.parametrize("lines, name", [
+    (["shared |u a", "|i x", "|i \ud800"], "formatted item #1"),
+    (["shared |u \ud800", "|i x"], "the shared line"),
+])
+def test_encode_example_names_the_line_utf8_cannot_encode(lines, name):
+    with pytest.raises(UnicodeEncodeError, match=rf"in {name}: '"):
+        encode_example(lines)
 
 
 # ------------------------------------------------------------------ parse_scalar(s)

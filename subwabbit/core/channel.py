@@ -139,19 +139,22 @@ class Call:
                     "process; its remaining predictions were discarded")
             raise VowpalWabbitError("this call has ended")
 
-    def queue_lines(self, lines: Sequence[str]) -> int:
+    def queue_lines(self, lines: Sequence[str], first_index: Optional[int] = None) -> int:
         """Check and encode formatted single-line examples and queue them for the engine.
 
         :param lines: formatted examples without newlines
+        :param first_index: the request position of ``lines[0]``, for error
+            messages (``None``: the lines this call queued before them)
         :returns: how many lines were queued
-        :raises ValueError: when a line is not exactly one example (nothing is
-            queued), or the channel reads multi-line examples
+        :raises ValueError: when a line is not exactly one example or holds
+            text UTF-8 cannot encode (nothing is queued), or the channel reads
+            multi-line examples
         """
         self.check_active()
         if self.channel.multi_line:
             raise ValueError("this engine reads multi-line examples: queue them with "
                              "queue_example()")
-        data = encode_lines(lines, self.queued_lines)
+        data = encode_lines(lines, self.queued_lines if first_index is None else first_index)
         if data:
             self.channel._queue(self, EXAMPLES, data, len(lines))
             self.queued_lines += len(lines)

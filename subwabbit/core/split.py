@@ -650,7 +650,7 @@ class SplitPredictExchange(Generic[Key]):
         if self._example_kind is not None:
             lane.call.queue_example(self._example_kind.example_lines(self._common_part, lines))
         else:
-            lane.call.queue_lines(lines)
+            lane.call.queue_lines(lines, batch.start + first)
         if lane.drained:  # it owed nothing: it is not quiet, it had nothing to say
             lane.answered_at = self._now
         lane.dealt_lines += len(lines)
