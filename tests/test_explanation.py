@@ -9,6 +9,8 @@ from subwabbit import AuditFeature, VowpalWabbitBaseFormatter, VowpalWabbitDummy
 from subwabbit.explanation import (HtmlExplanation, explain_features, explanation_html,
                                    parse_audit_features)
 
+from conftest import engine_from_file
+
 #: an audit line as vw 9.x prints it while learning
 AUDIT_LEARNING = "\ta^x:55432:1:0.11052@5.19353\tConstant:116060:1:0.11052@5.19353"
 #: with a quadratic interaction (u x i) and differently sized contributions
@@ -363,7 +365,14 @@ def test_dummy_formatter_passes_parts_through():
     ("VowpalWabbitPLTProcess", ["--plt", "4", "--loss_function", "logistic"]),
     ("VowpalWabbitProcess", ["--lrq", "ab2"]),
     ("VowpalWabbitProcess", ["--nn", "2"]), ("VowpalWabbitProcess", ["--bootstrap", "2"]),
-    ("VowpalWabbitProcess", ["--interact", "ab"])])
+    ("VowpalWabbitProcess", ["--interact", "ab"]),
+    # a second record (or a replayed example's) for a labelled line while learning
+    ("VowpalWabbitProcess", ["--ftrl"]), ("VowpalWabbitProcess", ["--coin"]),
+    ("VowpalWabbitProcess", ["--classweight", "1:2"]),
+    ("VowpalWabbitProcess", ["--active", "--simulation"]),
+    ("VowpalWabbitProcess", ["--active_cover"]),
+    ("VowpalWabbitProcess", ["--replay_b", "10"]), ("VowpalWabbitProcess", ["--replay_c", "10"]),
+    ("VowpalWabbitProcess", ["--baseline"])])
 def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name, reduction):
     # With these vw prints one audit record per call of the learner under
     # them: more than three lines for some examples, which would shift every
@@ -374,3 +383,17 @@ def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name
         cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"], audit_mode=True)
     # without audit mode the same model starts
     cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"]).close()
+
+
+@pytest.mark.parametrize("reduction", [["--ftrl"], ["--coin"], ["--classweight", "1:2"],
+                                       ["--active", "--simulation"], ["--active_cover"],
+                                       ["--replay_b", "10"], ["--replay_c", "10"],
+                                       ["--baseline"]])
+def test_reductions_refused_in_audit_mode_print_more_than_three_lines_per_labelled_line(
+        reduction, tmp_path):
+    # What the refusal is for: three labelled lines get more audit output
+    # than audit mode reads (3 lines each), which made every explain_vw_line
+    # of a labelled line on such an engine fail with a VowpalWabbitProtocolError.
+    lines = ["1 |f a b", "-1 |f c", "1 |f d"]
+    assert len(engine_from_file(lines, reduction + ["--audit"], tmp_path)) > 3 * len(lines)
+    assert len(engine_from_file(lines, reduction + ["--audit", "-t"], tmp_path)) == 3 * len(lines)

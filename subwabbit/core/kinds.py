@@ -1105,9 +1105,14 @@ def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> 
 #: Reductions that call the learner under them more than once per example:
 #: in audit mode vw then prints more than the three lines per example that
 #: audit mode reads, depending on the example (a labelled one, a tree's path).
+#: (``--ftrl``, ``--coin``, ``--classweight``, ``--active``,
+#: ``--active_cover``, ``--replay_b``, ``--replay_c`` and ``--baseline``
+#: print a second record, or a replayed example's, for a labelled line
+#: while they learn.)
 AUDIT_UNSERVABLE = ("--plt", "--lrq", "--lrqfa", "--multilabel_oaa", "--nn", "--bootstrap",
                     "--boosting", "--autolink", "--interact", "--new_mf", "--stage_poly",
-                    "--ksvm")
+                    "--ksvm", "--ftrl", "--coin", "--classweight", "--active", "--active_cover",
+                    "--replay_b", "--replay_c", "--baseline")
 
 
 def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
