@@ -855,7 +855,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                      self.io_timeout_s)
             await self._run(exchange)
             raw, features, _prediction = exchange.answer
-            return parse_scalar(raw), features.decode("utf-8", "replace").strip("\t\r ")
+            try:
+                score = parse_scalar(raw)
+            except VowpalWabbitProtocolError as exc:
+                self._fail(exc)  # (the engine's output can no longer be trusted)
+                raise
+            return score, features.decode("utf-8", "replace").strip("\t\r ")
         finally:
             self._turn.release()
 

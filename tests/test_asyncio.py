@@ -4,12 +4,14 @@ import asyncio
 import os
 import signal
 import sys
+import textwrap
 import time
 
 import pytest
 
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
-                       VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError)
+                       VowpalWabbitEngineExitedError, VowpalWabbitError,
+                       VowpalWabbitProtocolError, VowpalWabbitStartupError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                       WideItems, common, expected_for, items, scoring_args, slow_starting_engine,
@@ -120,6 +122,50 @@ def test_train_save_and_explain(tmp_path):
     assert scores[0] > 0 > scores[1]
     assert raw == pytest.approx(scores[0], abs=1e-5)
     assert "i^b" in explanation
+
+
+#: A vw stand-in in audit mode whose answer to a line holding ``garbage``
+#: has one line too many at its start (a raw score it cannot print), so
+#: every later answer comes one line late.
+SHIFTING_AUDIT_ENGINE = textwrap.dedent("""
+    import sys
+    shifted = False
+    for line in sys.stdin:
+        if line == "\\n":
+            continue
+        name = line.split()[-1]
+        if "garbage" in line:
+            sys.stdout.write("x\\n\\tf^a:1:1:0\\nx\\n")
+            shifted = True
+        elif shifted:  # the previous answer's last line, then this one's first two
+            sys.stdout.write(f"0.5\\n0\\n\\tf^{name}:1:1:0\\n")
+            sys.stdout.flush()
+            sys.stdin.readline()  # (the rest only when the next line comes)
+            sys.stdout.write("0\\n")
+        else:
+            sys.stdout.write(f"0\\n\\tf^{name}:1:1:0\\n0\\n")
+        sys.stdout.flush()
+""")
+
+
+def test_an_audit_answer_that_is_no_raw_score_fails_the_engine(tmp_path):
+    # As VowpalWabbitProcess does: the engine's output is out of step. Before,
+    # the process went on with it, and the next explain_vw_line returned
+    # (0.5, '0'): the end of the answer before and a raw score as its explanation.
+    script = tmp_path / "shifting.py"
+    script.write_text(SHIFTING_AUDIT_ENGINE)
+
+    async def main():
+        async with AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"],
+                                            audit_mode=True,
+                                            vw_command=[sys.executable, str(script)]) as auditor:
+            assert await auditor.explain_vw_line("|f first") == (0.0, "f^first:1:1:0")
+            with pytest.raises(VowpalWabbitProtocolError, match="where a prediction was expected"):
+                await auditor.explain_vw_line("|f garbage")
+            with pytest.raises(VowpalWabbitError, match="failed earlier"):
+                await auditor.explain_vw_line("|f next")
+
+    run(main())
 
 
 def test_a_save_that_cannot_be_written_raises_before_the_engine_is_asked(tmp_path):
