@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from subwabbit import AuditFeature, VowpalWabbitBaseFormatter, VowpalWabbitDummyFormatter
+from subwabbit import (AuditFeature, VowpalWabbitBaseFormatter, VowpalWabbitDummyFormatter,
+                       VowpalWabbitProcess)
 from subwabbit.explanation import (HtmlExplanation, explain_features, explanation_html,
                                    parse_audit_features)
 
@@ -383,6 +384,32 @@ def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name
         cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"], audit_mode=True)
     # without audit mode the same model starts
     cls(VowpalWabbitDummyFormatter(), reduction + ["--quiet"]).close()
+
+
+@pytest.mark.parametrize("reduction", [["--ftrl"], ["--coin"], ["--classweight", "1:2"],
+                                       ["--active", "--simulation"], ["--active_cover"],
+                                       ["--replay_b", "10"], ["--replay_c", "10"],
+                                       ["--baseline"]])
+def test_reductions_that_print_more_only_while_learning_are_explained_with_t(reduction,
+                                                                              tmp_path):
+    # Refused while they learn (above), served with -t: each line explained
+    # gets the engine's own raw score and features. (A fresh model: vw 9
+    # cannot load an --active --simulation model it saved.)
+    served = reduction + ["-t"]
+    with pytest.raises(ValueError, match="while it learns.*explain with -t"):
+        VowpalWabbitProcess(VowpalWabbitDummyFormatter(), reduction + ["--quiet"],
+                            audit_mode=True)
+    asked = ["1 |f a b", "|f c", "-1 |f d e", "1 |f a b"]
+    # The engine reading them from a file in audit mode: three lines each,
+    # the first of which starts with the raw score.
+    audit = engine_from_file(asked, served + ["--audit"], tmp_path)
+    assert len(audit) == 3 * len(asked)
+    expected = [(float(audit[3 * index].split()[0]),
+                 audit[3 * index + 1].decode().strip("\t\r ")) for index in range(len(asked))]
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), served + ["--quiet"],
+                             audit_mode=True) as process:
+        got = [process.explain_vw_line(line) for line in asked]
+    assert got == expected and len({features for _, features in got}) == 3
 
 
 @pytest.mark.parametrize("reduction", [["--ftrl"], ["--coin"], ["--classweight", "1:2"],
