@@ -1,0 +1,103 @@
+"""close() while an engine of the object is starting (a reload's, a restart
+within a call, a background replacement): that engine does not outlive
+close(), and the calls waiting for it are told that the object was closed."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from subwabbit import (VowpalWabbitError, VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
+                       VowpalWabbitStartupError)
+
+from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
+                      slow_starting_engine, wait_until)
+
+SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
+
+#: How late the engines start once the flag is set: far longer than any close() here.
+SLOW_START_S = 20.0
+
+
+def new_children(known):
+    """This process's children that are not in ``known`` (zombies included)."""
+    return [pid for pid in children_of_this_process() if pid not in known]
+
+
+def in_thread(body, outcome):
+    """Run ``body()`` on a thread; ``outcome`` receives its result or its error."""
+    def run():
+        try:
+            outcome["result"] = body()
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def assert_told_closed(outcome):
+    error = outcome.get("error")
+    assert isinstance(error, VowpalWabbitError), outcome
+    assert not isinstance(error, VowpalWabbitStartupError), repr(error)
+    assert "closed" in str(error) and error.returncode is None, str(error)
+
+
+def close_and_check(model, starting, timeout=2.0):
+    """close() within its timeout leaves none of ``starting`` (pids) behind,
+    not even as a zombie."""
+    began = time.perf_counter()
+    model.close(timeout)
+    assert time.perf_counter() - began < timeout + 0.5
+    assert [pid for pid in starting if proc_stat(pid) is not None] == []
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_close_stops_the_engine_a_reload_is_starting(kind, tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+    model = SYNC[kind](DictFormatter(), ["--quiet"], vw_command=command)
+    known = children_of_this_process()
+    flag.touch()
+    outcome = {}
+    thread = in_thread(lambda: model.reload(["--quiet"]), outcome)
+    assert wait_until(lambda: new_children(known), 10.0)
+    close_and_check(model, new_children(known))
+    thread.join(10.0)
+    assert_told_closed(outcome)
+
+
+def test_close_stops_the_engine_a_call_is_restarting(tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+    model = VowpalWabbitProcess(DictFormatter(), ["--quiet"], vw_command=command,
+                                restart_on_crash=True)
+    os.kill(model.pid, signal.SIGKILL)
+    with pytest.raises(VowpalWabbitError):
+        list(model.predict(common(1), items(5)))
+    known = children_of_this_process()
+    flag.touch()
+    outcome = {}
+    thread = in_thread(lambda: list(model.predict(common(1), items(5))), outcome)
+    assert wait_until(lambda: new_children(known), 10.0)
+    close_and_check(model, new_children(known))
+    thread.join(10.0)
+    assert_told_closed(outcome)
+
+
+def test_a_call_waiting_for_a_replacement_that_close_stops_is_told_closed(tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+    model = VowpalWabbitNonBlockingProcess(DictFormatter(), ["--quiet"], vw_command=command,
+                                           restart_on_crash=True)
+    flag.touch()
+    known = children_of_this_process()
+    os.kill(model.pid, signal.SIGKILL)
+    with pytest.raises(VowpalWabbitError):  # the failure starts the replacement
+        list(model.predict(common(1), items(5)))
+    outcome = {}
+    thread = in_thread(lambda: list(model.predict(common(1), items(5))), outcome)
+    assert wait_until(lambda: new_children(known), 10.0)
+    time.sleep(0.2)  # the call waits for the replacement
+    close_and_check(model, new_children(known))
+    thread.join(10.0)
+    assert_told_closed(outcome)
