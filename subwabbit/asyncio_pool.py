@@ -149,7 +149,7 @@ class AsyncVowpalWabbitPool(PoolBase):
                 logger.warning("close(): the first close() of the pool never ended (its event "
                                "loop was closed); closing its engines from this loop")
                 await close_left_behind([slot.engine for slot in self._closing_slots],
-                                        list(self._groups.values()), timeout)
+                                        self._groups_to_close(), timeout)
             return
         slots = self._begin_close_now()
         if slots is None:
@@ -174,7 +174,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         finally:  # cancelled too: the closing goes on on the executor's threads
             free = self._leave_held_to_their_calls_now(slots)
             closing = hand_off_closing(loop, [slot.engine for slot in free],
-                                       list(self._groups.values()), began + timeout)
+                                       self._groups_to_close(), began + timeout)
         if closing:
             await asyncio.wait(closing, timeout=max(0.001, began + timeout - _clock()))
 
@@ -364,7 +364,12 @@ class AsyncVowpalWabbitPool(PoolBase):
         async with self._reload_lock:  # one at a time: the last one asked for serves
             # The model file's header is read off the event loop.
             plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)
-            group, engines = await self._spawn(plan.argv, plan.vw_args, self.size)
+            try:
+                group, engines = await self._spawn(plan.argv, plan.vw_args, self.size)
+            except VowpalWabbitError as exc:
+                if self._closed:  # close() stopped the new engines as they started
+                    raise self._closed_error() from exc
+                raise
             idle, old_groups = self._switch_to(group, engines, plan)
         self._started = True
         self._close_later(idle, timeout)

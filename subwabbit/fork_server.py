@@ -151,11 +151,14 @@ class ForkServer:
 
     :param argv: the engine command line (see :func:`can_share_weights`)
     :param startup_timeout_s: how long loading the model may take
+    :param on_spawn: called with the server's engine as soon as it is
+        spawned (so that another thread can kill it while it loads the model)
     :raises VowpalWabbitStartupError: when the engine cannot load the model
     :raises ForkServerUnavailable: when the model needs vw's own driver
     """
 
-    def __init__(self, argv: List[str], startup_timeout_s: float) -> None:
+    def __init__(self, argv: List[str], startup_timeout_s: float,
+                 on_spawn: Optional[Callable[[EngineProcess], None]] = None) -> None:
         self.argv = argv
         self.closed = False
         #: stopped by :meth:`close` (or let go in a fork): no statuses come any more
@@ -171,6 +174,8 @@ class ForkServer:
             finally:
                 theirs.close()
             track_for_fork(self)
+        if on_spawn is not None:
+            on_spawn(self.engine)
         self.engine.drain_stdout_in_background()
         self._lock = threading.Lock()
         self._replies: "queue.Queue[Optional[bytes]]" = queue.Queue()

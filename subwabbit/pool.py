@@ -115,6 +115,7 @@ class VowpalWabbitPool(PoolBase):
                              low_priority_engines=low_priority_engines)
         group, engines = self._spawn(self.argv, self.vw_args, self.size)
         self._groups[0] = group
+        group.hand_over(engines)
         for engine in engines:
             self._roster.add(engine, 0, self._channel_for(engine))
 
@@ -270,7 +271,12 @@ class VowpalWabbitPool(PoolBase):
         """
         with self._reload_lock:  # one at a time: the last one asked for serves
             plan, timeout = self._check_reload(timeout, vw_args)
-            group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
+            try:
+                group, engines = self._spawn(plan.argv, plan.vw_args, self.size)
+            except VowpalWabbitError as exc:
+                if self._closed:  # close() stopped the new engines as they started
+                    raise self._closed_error() from exc
+                raise
             try:
                 with self._cond:
                     idle, old_groups = self._switch_to(group, engines, plan)
@@ -351,7 +357,9 @@ class VowpalWabbitPool(PoolBase):
         closed. A call that holds on for more than half the timeout has its
         engines killed and ends with what it has; it closes their pipes when
         it gives them back, so that nothing it still reads or writes can be
-        another's. Idempotent."""
+        another's. Engines being started (by a reload, or to replace a failed
+        engine) are killed, and the reload raises that the pool was closed.
+        Idempotent."""
         timeout = required_seconds(timeout, "timeout")
         deadline = _clock() + timeout
         with self._cond:
@@ -367,7 +375,7 @@ class VowpalWabbitPool(PoolBase):
             free = self._leave_held_to_their_calls_now(slots)
             # Taken under the lock: a start that this close cuts short takes
             # its group out of the dict from its own thread.
-            groups = list(self._groups.values())
+            groups = self._groups_to_close()
         if self._in_forked_child():
             self._abandon_in_fork(slots)
             return

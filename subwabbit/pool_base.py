@@ -206,6 +206,10 @@ class PoolBase(ClientBase):
                                      else bool(low_priority_engines))
         #: the engines of each generation still in service
         self._groups: Dict[int, EngineGroup] = {}
+        #: every group of this pool still referred to (one a reload is
+        #: starting included): close() closes them all, which stops the
+        #: engines they are starting
+        self._all_groups: "weakref.WeakSet[EngineGroup]" = weakref.WeakSet()
         self._closed = False
         #: counters since the pool was created (see :meth:`stats`)
         self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
@@ -452,7 +456,7 @@ class PoolBase(ClientBase):
         """
         if self._closed:
             self._discard(engines, group)
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._in_forked_child():
             # A child's reload gives it engines of its own: there is nothing
             # left to start for the model it inherited.
@@ -499,6 +503,7 @@ class PoolBase(ClientBase):
         generation = self._roster.generation + 1
         old_groups = list(self._groups.values())
         self._groups = {generation: group}
+        group.hand_over(engines)
         for engine in engines:
             self._roster.add(engine, generation, self._channel_for(engine))
         self._counters["reloads"] += 1
@@ -556,9 +561,20 @@ class PoolBase(ClientBase):
             if alive is not None:
                 alive._engine_exited(pid)  # pylint: disable=protected-access
 
-        return EngineGroup(argv, self.startup_timeout_s, self.share_weights,
-                           self._outputs_per_line, self._probe_kind, self.low_priority_engines,
-                           warm_up_lines, engine_exited, model_path=model_file_path(vw_args))
+        group = EngineGroup(argv, self.startup_timeout_s, self.share_weights,
+                            self._outputs_per_line, self._probe_kind, self.low_priority_engines,
+                            warm_up_lines, engine_exited, model_path=model_file_path(vw_args))
+        self._all_groups.add(group)
+        return group
+
+    def _groups_to_close(self) -> List[EngineGroup]:
+        """The groups close() closes: those in service, and those starting
+        engines (a reload's, a replacement's), whose starts it cuts short."""
+        groups = list(self._groups.values())
+        return groups + [group for group in list(self._all_groups) if group not in groups]
+
+    def _closed_error(self) -> VowpalWabbitError:
+        return VowpalWabbitError(f"{type(self).__name__} is closed")
 
     def _engine_exited(self, pid: int) -> None:
         """A fork server reported that its engine ``pid`` ended (called on
@@ -985,6 +1001,9 @@ class PoolBase(ClientBase):
         if self._closed or generation != self._roster.generation:
             self._discard(engines, group)
             return False
+        owner = group if group is not None else self._groups.get(generation)
+        if owner is not None:
+            owner.hand_over(engines)
         for engine in engines:
             self._roster.add(engine, generation, self._channel_for(engine))
         if replacing:
@@ -1020,6 +1039,7 @@ class PoolBase(ClientBase):
         for group in self._groups.values():
             group.abandon_in_fork()
         self._groups = {}
+        self._all_groups = weakref.WeakSet()  # the parent's
         generation = self._roster.generation
         self._roster = Roster()
         self._roster.generation = generation

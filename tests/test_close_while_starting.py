@@ -1,7 +1,10 @@
 """close() while an engine of the object is starting (a reload's, a restart
 within a call, a background replacement): that engine does not outlive
-close(), and the calls waiting for it are told that the object was closed."""
+close(), and the calls waiting for it are told that the object was closed.
+The same for the pools (a reload's engines, a replacement of a dead one)."""
 
+import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -9,8 +12,8 @@ import time
 
 import pytest
 
-from subwabbit import (VowpalWabbitError, VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
-                       VowpalWabbitStartupError)
+from subwabbit import (AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitNonBlockingProcess,
+                       VowpalWabbitPool, VowpalWabbitProcess, VowpalWabbitStartupError)
 
 from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
                       slow_starting_engine, wait_until)
@@ -101,3 +104,78 @@ def test_a_call_waiting_for_a_replacement_that_close_stops_is_told_closed(tmp_pa
     close_and_check(model, new_children(known))
     thread.join(10.0)
     assert_told_closed(outcome)
+
+
+def test_close_stops_the_engines_a_pool_reload_is_starting(tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+    pool = VowpalWabbitPool(DictFormatter(), ["--quiet"], size=2, vw_command=command)
+    known = children_of_this_process()
+    flag.touch()
+    outcome = {}
+    thread = in_thread(lambda: pool.reload(["--quiet"]), outcome)
+    assert wait_until(lambda: len(new_children(known)) == 2, 10.0)
+    close_and_check(pool, new_children(known))
+    thread.join(10.0)
+    assert_told_closed(outcome)
+
+
+def test_close_stops_the_engine_replacing_a_dead_one_in_a_pool(tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+    pool = VowpalWabbitPool(DictFormatter(), ["--quiet"], size=2, vw_command=command)
+    flag.touch()
+    known = children_of_this_process()
+    os.kill(pool.engine_pids()[0], signal.SIGKILL)
+    pool.predict(common(1), items(5), timeout=1.0)  # finds it dead: a replacement starts
+    assert wait_until(lambda: [pid for pid in new_children(known)
+                               if (proc_stat(pid) or ["Z"])[0] != "Z"], 10.0)
+    close_and_check(pool, new_children(known))
+
+
+def test_close_stops_the_fork_server_a_pool_reload_is_starting():
+    """With the wheel's engine the reload's engines are forked from a new
+    server that loads the model first; one that never says it is ready
+    (stopped) is killed by close(), and the reload raises 'closed' (it waited
+    for the start-up timeout)."""
+    pool = VowpalWabbitPool(DictFormatter(), ["--quiet"], size=2, startup_timeout_s=60)
+    known = children_of_this_process()  # its fork server among them
+    outcome = {}
+    thread = in_thread(lambda: pool.reload(["--quiet"]), outcome)
+    assert wait_until(lambda: new_children(known), 10.0)
+    server = new_children(known)
+    try:
+        for pid in server:
+            os.kill(pid, signal.SIGSTOP)
+        close_and_check(pool, server)
+    finally:  # (never left stopped)
+        for pid in server:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    thread.join(10.0)
+    assert_told_closed(outcome)
+
+
+def test_close_stops_the_engines_an_asyncio_pool_reload_is_starting(tmp_path):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+
+    async def main():
+        pool = AsyncVowpalWabbitPool(DictFormatter(), ["--quiet"], size=2, vw_command=command)
+        await pool.start()
+        known = children_of_this_process()
+        flag.touch()
+        reloading = asyncio.ensure_future(pool.reload(["--quiet"]))
+        while len(new_children(known)) < 2:
+            await asyncio.sleep(0.01)
+        starting = new_children(known)
+        began = time.perf_counter()
+        await pool.close(2.0)
+        assert time.perf_counter() - began < 2.0 + 0.5
+        assert [pid for pid in starting if proc_stat(pid) is not None] == []
+        outcome = {}
+        try:
+            await asyncio.wait_for(reloading, 10.0)
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+        assert_told_closed(outcome)
+
+    asyncio.run(asyncio.wait_for(main(), 30.0))
+
