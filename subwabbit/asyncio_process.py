@@ -10,7 +10,9 @@ import asyncio
 import collections
 import logging
 import os
+import threading
 import time
+import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
@@ -181,6 +183,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
         #: taken by reload(), so that overlapping reloads switch in the order asked for
         self._reload_turn = _FifoTurn()
         self._starting: Optional["asyncio.Task[EngineProcess]"] = None
+        #: engines spawned for this object and not (yet) its engine (a
+        #: reload's or a restart's, starting or waiting for the turn): close() kills them
+        self._unadopted: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+        #: guards :attr:`_unadopted` (engines are spawned on the executor)
+        self._unadopted_lock = threading.Lock()
+        #: the spawns on the executor under way (close() waits for them)
+        self._spawns: "set[asyncio.Future[EngineProcess]]" = set()
         self._closing: Optional["asyncio.Future[None]"] = None
         self._ever_started = False
 
@@ -291,6 +300,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                     "started")
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
+        with self._unadopted_lock:
+            self._unadopted.discard(engine)
         self._channel = self._new_channel(engine.started_with_blank)
         self._owner_pid = engine.owner_pid
         self._broken = None
@@ -308,7 +319,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         # Spawning (fork/exec, the stderr reader thread) takes milliseconds:
         # done on the loop's executor, so that it never holds the loop.
         loop = asyncio.get_running_loop()
-        spawn = loop.run_in_executor(None, EngineProcess, argv)
+        spawn = loop.run_in_executor(None, self._spawn, argv)
+        self._spawns.add(spawn)
+        spawn.add_done_callback(self._spawns.discard)
         try:
             engine = await asyncio.shield(spawn)
         except asyncio.CancelledError:
@@ -333,8 +346,11 @@ class AsyncVowpalWabbitProcess(ClientBase):
             finally:
                 exchange.end()
             check_probe_result(engine, exchange, mismatch, self._probe_kind)
-        except BaseException:
+        except BaseException as exc:
             _abort_off_loop(engine)
+            if self._closed and isinstance(exc, VowpalWabbitError):  # close() killed it
+                raise VowpalWabbitError(f"{type(self).__name__} was closed while its new "
+                                        "engine started") from exc
             raise
         return engine
 
@@ -368,6 +384,41 @@ class AsyncVowpalWabbitProcess(ClientBase):
         await asyncio.shield(self._closing)
 
     async def _close_engine(self, began: float, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        spawns = [spawn for spawn in self._spawns if spawn.get_loop() is loop]
+        if spawns:  # (a few milliseconds)
+            await asyncio.wait(spawns, timeout=max(0.0, began + timeout / 4 - _clock()))
+        starting = self._kill_unadopted()
+        await self._close_own_engine(began, timeout)
+        for engine in starting:  # (their starters close their pipes)
+            await self._await_exit(engine, began + timeout)
+
+    def _spawn(self, argv: List[str]) -> EngineProcess:
+        """Spawn an engine for this object (on the executor), noted for
+        close(), or killed at once if close() came first."""
+        engine = EngineProcess(argv)
+        with self._unadopted_lock:
+            self._unadopted.add(engine)
+            closed = self._closed
+        if closed:
+            engine.kill()
+        return engine
+
+    def _kill_unadopted(self) -> List[EngineProcess]:
+        """For close(): kill the engines started for this object that are
+        not its engine (a reload's or a restart's, starting or waiting for
+        the turn), so that none outlives the object by its start-up time.
+
+        :returns: them
+        """
+        with self._unadopted_lock:
+            engines = [engine for engine in self._unadopted
+                       if engine is not self._engine and engine.owner_pid == os.getpid()]
+        for engine in engines:
+            engine.kill()
+        return engines
+
+    async def _close_own_engine(self, began: float, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         await self._cancel_start()
         engine = self._engine
@@ -520,6 +571,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         finally:  # whatever happens above, the child starts an engine of its own
             self._engine = self._channel = None
             self._starting = None
+            self._unadopted = weakref.WeakSet()
+            self._unadopted_lock = threading.Lock()
+            self._spawns = set()
             self._closing = None
             self._broken = None
 

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitPool, VowpalWabbitError, VowpalWabbitNonBlockingProcess,
-                       VowpalWabbitPool, VowpalWabbitProcess, VowpalWabbitStartupError)
+from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess,
+                       VowpalWabbitStartupError)
 
 from conftest import (DictFormatter, children_of_this_process, common, items, proc_stat,
                       slow_starting_engine, wait_until)
@@ -179,3 +180,31 @@ def test_close_stops_the_engines_an_asyncio_pool_reload_is_starting(tmp_path):
 
     asyncio.run(asyncio.wait_for(main(), 30.0))
 
+
+@pytest.mark.parametrize("how", ["reload", "restart"])
+def test_close_stops_the_engine_an_asyncio_process_is_starting(tmp_path, how):
+    flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), ["--quiet"], vw_command=command)
+        await model.start()
+        known = children_of_this_process() + [model.pid]
+        flag.touch()
+        starting = asyncio.ensure_future(model.reload(["--quiet"]) if how == "reload"
+                                         else model.restart())
+        while not [pid for pid in new_children(known)
+                   if (proc_stat(pid) or ["Z"])[0] != "Z"]:
+            await asyncio.sleep(0.01)
+        spawned = new_children(known)
+        began = time.perf_counter()
+        await model.close(2.0)
+        assert time.perf_counter() - began < 2.0 + 0.5
+        assert [pid for pid in spawned if proc_stat(pid) is not None] == []
+        outcome = {}
+        try:
+            await asyncio.wait_for(starting, 10.0)
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+        assert_told_closed(outcome)
+
+    asyncio.run(asyncio.wait_for(main(), 30.0))
