@@ -161,6 +161,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         #: that call's until it ends its turn, which closes them
         self._close_on_turn_end: Optional[EngineProcess] = None
         self._closed = False
+        #: set when close() begins (before it may kill the engine under a call)
+        self._closing = False
         #: engines spawned for this object and not yet its engine (starting, or
         #: started and waiting to be adopted): close() kills them
         self._unadopted: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
@@ -572,9 +574,18 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             except StopIteration:
                 return
             except ENGINE_FAILURES as exc:
-                self._fail(exc)
+                self._fail_or_closed(exc)
                 raise
             yield results
+
+    def _fail_or_closed(self, exc: VowpalWabbitError) -> None:
+        """A call's engine failed: :meth:`_fail`, unless close() killed it
+        under the call, which then raises that the process was closed (as a
+        call of the asyncio class does), not that its engine failed."""
+        if self._closing:
+            raise VowpalWabbitError(f"this call cannot go on: the {type(self).__name__} was "
+                                    "closed; its remaining predictions were discarded") from exc
+        self._fail(exc)
 
     def _run(self, exchange: Exchange) -> List[Any]:
         """:func:`~subwabbit.sync_driver.run`, remembering engine failures."""
@@ -583,7 +594,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         try:
             return run(engine, exchange, self._step_lock)
         except ENGINE_FAILURES as exc:
-            self._fail(exc)
+            self._fail_or_closed(exc)
             raise
 
     # ------------------------------------------------------------- restart
@@ -914,9 +925,11 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         thread's running call is given half of it to finish first; then its
         engine is killed if it still runs, and a call that still runs at three
         quarters of it keeps the engine's pipes and closes them when it
-        ends). Closing
-        twice is harmless. In a forked child it only lets go of the parent's
-        engine.
+        ends, raising that the process was closed). An engine being started
+        for the object (by a reload, a restart or a replacement in another
+        thread) is killed, and the call that started it raises that the
+        process was closed. Closing twice is harmless. In a forked child it
+        only lets go of the parent's engine.
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
@@ -924,6 +937,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
             return
+        self._closing = True
         began = time.perf_counter()
         token = object()
         held = self._wait_for_turn(token, began + timeout / 2)

@@ -25,9 +25,10 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBusyError,
                        VowpalWabbitError, VowpalWabbitNonBlockingProcess, VowpalWabbitPool,
                        VowpalWabbitProcess, VowpalWabbitStartupError, VowpalWabbitTimeoutError)
 
-from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
-                       common, expected_for, expected_scalars, format_lines, open_fds,
-                       pipe_on_freed_numbers, proc_stat, scoring_args, slow_starting_engine)
+from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, WideItems,
+                       children_of_this_process, common, expected_for, expected_scalars,
+                       format_lines, open_fds, pipe_on_freed_numbers, proc_stat, scoring_args,
+                       slow_starting_engine, wide_model)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
@@ -522,6 +523,34 @@ def test_close_while_another_thread_holds_the_process_is_bounded(cls, trained_mo
     thread.join(10)
     assert isinstance(outcome.get("error"), VowpalWabbitError)
     assert engine_pid not in children_of_this_process()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_a_call_whose_engine_close_kills_is_told_the_process_was_closed(cls, tmp_path):
+    """A call still reading its predictions when close() kills its engine
+    raises that the process was closed (as the asyncio class's call does),
+    not that its engine failed: it had raised VowpalWabbitEngineExitedError
+    'the vw engine closed its output ... killed by SIGKILL'."""
+    model = cls(WideItems(28), wide_model(tmp_path, 28))  # about 0.3 ms a line
+    started = threading.Event()
+    outcome = {}
+
+    def call():
+        try:
+            for _ in model.predict(common(1), _items(100_000)):
+                started.set()
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert started.wait(30)
+    model.close(timeout=0.4)
+    thread.join(30)
+    error = outcome.get("error")
+    assert isinstance(error, VowpalWabbitError), outcome
+    assert not isinstance(error, VowpalWabbitEngineExitedError), str(error)
+    assert "closed" in str(error) and error.returncode is None, str(error)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
