@@ -190,6 +190,10 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._unadopted_lock = threading.Lock()
         #: the spawns on the executor under way (close() waits for them)
         self._spawns: "set[asyncio.Future[EngineProcess]]" = set()
+        #: engines reload() replaced, closing in the background: close() ends
+        #: them, and waits for the tasks closing them
+        self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+        self._retire_tasks: "set[asyncio.Future[None]]" = set()
         self._closing: Optional["asyncio.Future[None]"] = None
         self._ever_started = False
 
@@ -392,6 +396,27 @@ class AsyncVowpalWabbitProcess(ClientBase):
         await self._close_own_engine(began, timeout)
         for engine in starting:  # (their starters close their pipes)
             await self._await_exit(engine, began + timeout)
+        await self._end_retiring(began + timeout)
+
+    async def _end_retiring(self, deadline: float) -> None:
+        """The engines that reload() replaced are closed in the background
+        within the reload's timeout: those still running are given until
+        shortly before ``deadline`` to finish, then killed (as
+        :func:`~subwabbit.engine_process.end_retiring`, without blocking the loop)."""
+        _, kill_at = shutdown_schedule(deadline, max(0.0, deadline - _clock()))
+        for engine in list(self._retiring):
+            if engine.owner_pid != os.getpid():
+                continue
+            await self._await_exit(engine, kill_at)
+            if engine.returncode is None:
+                logger.warning("close(): vw[%d], replaced by reload(), is still closing; "
+                               "killing it", engine.pid)
+                engine.kill()
+                await self._await_exit(engine, deadline)
+        loop = asyncio.get_running_loop()
+        tasks = [task for task in self._retire_tasks if task.get_loop() is loop]
+        if tasks:  # (they end as their engines have)
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - _clock()))
 
     def _spawn(self, argv: List[str]) -> EngineProcess:
         """Spawn an engine for this object (on the executor), noted for
@@ -574,6 +599,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._unadopted = weakref.WeakSet()
             self._unadopted_lock = threading.Lock()
             self._spawns = set()
+            self._retiring = weakref.WeakSet()
+            self._retire_tasks = set()
             self._closing = None
             self._broken = None
 
@@ -993,9 +1020,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:
+            self._retiring.add(old)
             task = asyncio.ensure_future(
                 self._retire(old, min(timeout, 0.5) if failed else timeout))
             task.add_done_callback(_log_close_failure)
+            self._retire_tasks.add(task)
+            task.add_done_callback(self._retire_tasks.discard)
 
     async def restart(self, timeout: float = 5.0) -> None:
         """Replace the engine with a fresh one started with the same command

@@ -24,7 +24,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictEx
                              SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
-from .engine_process import EngineProcess
+from .engine_process import EngineProcess, end_retiring
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
@@ -168,6 +168,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._unadopted: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
         #: starts between their spawn's beginning and its end (guarded by _turn)
         self._spawning = 0
+        #: engines reload() replaced, closing in the background (guarded by
+        #: _turn): close() ends them
+        self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
         #: taken by reload(), so that overlapping reloads switch in the order asked for
         self._reload_lock = FifoLock()
         VowpalWabbitBaseModel.__init__(self, formatter)
@@ -686,6 +689,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:
+            with self._turn:
+                self._retiring.add(old)
             threading.Thread(target=_close_old_engine,
                              args=(old, min(timeout, _FAILED_ENGINE_CLOSE_S) if failed
                                    else timeout),
@@ -928,7 +933,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         ends, raising that the process was closed). An engine being started
         for the object (by a reload, a restart or a replacement in another
         thread) is killed, and the call that started it raises that the
-        process was closed. Closing twice is harmless. In a forked child it
+        process was closed. An engine that a reload replaced and that is
+        still closing in the background is killed near the end of
+        ``timeout``. Closing twice is harmless. In a forked child it
         only lets go of the parent's engine.
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
@@ -981,6 +988,16 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         finally:
             if held:
                 self._end_turn(token)
+            self._end_retiring(began + timeout)
+
+    def _end_retiring(self, deadline: float) -> None:
+        """For close(): the engines that reload() replaced are closed in the
+        background, within the reload's timeout; those still running are
+        given until shortly before ``deadline`` to finish, then killed, so
+        that none outlives the object."""
+        with self._turn:
+            engines = list(self._retiring)
+        end_retiring(engines, deadline)
 
     def __enter__(self) -> "VowpalWabbitProcessModel":
         return self
@@ -1017,6 +1034,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._engine = self._channel = self._replacement = None
             self._unadopted = weakref.WeakSet()
             self._spawning = 0
+            self._retiring = weakref.WeakSet()
             self._close_on_turn_end = None
             self._broken = None
 

@@ -3,6 +3,9 @@ the calls after the switch, calls around it never fail or mix models, and a
 reload that cannot start leaves the old model serving."""
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 import time
 
@@ -13,8 +16,8 @@ from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import (DictFormatter, common, in_child, items, process_gone,
-                      scoring_args)
+from conftest import (PYTHON, STUBBORN_ENGINE, DictFormatter, common, in_child, items,
+                      proc_stat, process_gone, scoring_args)
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
 
@@ -345,3 +348,57 @@ def test_overlapping_reloads_of_an_asyncio_pool_serve_the_last_one_asked_for(tmp
 
     newest, final, vw_args = asyncio.run(main())
     assert final == newest and v3 in vw_args, vw_args
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_close_ends_the_engine_a_reload_replaced_within_its_own_timeout(kind, tmp_path):
+    """reload() closes the old engine in the background within its own
+    timeout; an engine that ignores EOF and SIGTERM went on running after a
+    close() with a shorter timeout had returned (until the reload's SIGKILL)."""
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(STUBBORN_ENGINE)
+    model = SYNC[kind](VowpalWabbitDummyFormatter(), ["--quiet"],
+                       vw_command=[PYTHON, str(stubborn)])
+    old_pid = model.pid
+    try:
+        model.reload(["--quiet"], timeout=30.0)
+        assert proc_stat(old_pid) is not None  # still closing
+        began = time.perf_counter()
+        model.close(timeout=1.0)
+        assert time.perf_counter() - began < 1.0 + 0.5
+        assert proc_stat(old_pid) is None
+    finally:  # (never left running)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old_pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool", "asyncio"])
+def test_close_ends_the_engine_a_reload_replaced_within_its_own_timeout_asyncio_and_pools(
+        kind, tmp_path):
+    """As above, for the pools (an old engine no call holds is closed on
+    another thread) and the asyncio class (a task closes it)."""
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(STUBBORN_ENGINE)
+    options = {"vw_command": [PYTHON, str(stubborn)]}
+    if "pool" in kind:
+        options.update(size=1, share_weights=False)
+    classes = {"pool": VowpalWabbitPool, "asyncio-pool": AsyncVowpalWabbitPool,
+               "asyncio": AsyncVowpalWabbitProcess}
+    model = classes[kind](VowpalWabbitDummyFormatter(), ["--quiet"], **options)
+    loop = asyncio.new_event_loop()
+    run = loop.run_until_complete if kind.startswith("asyncio") else (lambda result: result)
+    if kind.startswith("asyncio"):
+        run(model.start())
+    old_pids = model.engine_pids() if "pool" in kind else [model.pid]
+    try:
+        run(model.reload(["--quiet"], timeout=30.0))
+        assert [pid for pid in old_pids if proc_stat(pid) is None] == []  # still closing
+        began = time.perf_counter()
+        run(model.close(timeout=1.0))
+        assert time.perf_counter() - began < 1.0 + 0.5
+        assert [pid for pid in old_pids if proc_stat(pid) is not None] == []
+    finally:  # (never left running)
+        for pid in old_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        loop.close()
