@@ -1035,6 +1035,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._unadopted = weakref.WeakSet()
             self._spawning = 0
             self._retiring = weakref.WeakSet()
+            self._closing = self._closed  # (a close() of the parent's does not close the child's)
             self._close_on_turn_end = None
             self._broken = None
 
