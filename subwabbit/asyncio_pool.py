@@ -18,7 +18,7 @@ from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence
 from .asyncio_process import _FifoTurn, wait_for_engines
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
 from .base import VowpalWabbitBaseFormatter
-from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
+from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook, let_go_after_unhooked_fork
 from .command import VwArgs
 from .core.roster import Slot
 from .deadlines import required_seconds
@@ -92,6 +92,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
         :raises VowpalWabbitStartupError: when one cannot start (the others are stopped)
         """
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         async with self._start_lock:  # two tasks starting the pool start it once
@@ -143,6 +144,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         handed to the loop's executor if the closing itself is cancelled.
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         began = _clock()
         if self._closing is not None:
             if not await wait_for_closing(self._closing, timeout):
@@ -318,6 +320,7 @@ class AsyncVowpalWabbitPool(PoolBase):
                     self._waiters.remove(waiter)
 
     def _check_open(self) -> bool:
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._in_forked_child() and not self.restart_after_fork:
@@ -365,6 +368,7 @@ class AsyncVowpalWabbitPool(PoolBase):
             pool keeps serving the old model
         """
         loop = asyncio.get_running_loop()
+        let_go_after_unhooked_fork()
         async with self._reload_lock:  # one at a time: the last one asked for serves
             # The model file's header is read off the event loop.
             plan, timeout = await loop.run_in_executor(None, self._check_reload, timeout, vw_args)

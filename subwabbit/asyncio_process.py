@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
-from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook
+from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook, let_go_after_unhooked_fork
 from .command import VwArgs
 from .core.channel import START_BLANK, Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
@@ -240,6 +240,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitBusyError: when calls held the object for more
             than ``io_timeout_s``
         """
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._engine is not None:
@@ -372,6 +373,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             error of its own that no earlier call reported
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closing is not None:
             if not await wait_for_closing(self._closing, timeout):
                 logger.warning("close(): the first close() of %r never ended (its event loop "
@@ -683,6 +685,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitBusyError: without a deadline, after ``io_timeout_s``
         :raises VowpalWabbitError: when the object is closed
         """
+        let_go_after_unhooked_fork()
         if self._closed:  # at once, not after the call in progress
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = _clock()
@@ -977,6 +980,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             the object goes on with the old one
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         # One at a time, in the order asked for: the last one asked for serves
@@ -1035,6 +1039,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         :raises VowpalWabbitStartupError: when the new engine cannot start
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = _clock()

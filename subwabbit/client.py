@@ -32,6 +32,7 @@ from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
 from .model_file import saved_options_of
 from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
+from . import engine_process
 from .errors import VowpalWabbitError
 from .lines import (CheckedLines, breaks_no_line, check_labelled_lines, check_line_labels,
                     check_lines, common_part_holds_the_header, parts_add_no_label_words,
@@ -536,10 +537,39 @@ class ClientBase:
 _LIVE_CLIENTS: "weakref.WeakSet[ClientBase]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
+#: The process whose clients hold engines of their own: this one, or the
+#: last forked child whose at-fork hooks ran (see :func:`let_go_after_unhooked_fork`)
+_HOOKS_RAN_IN = os.getpid()
+
+#: One lock per process that lets go of its parent's engines without the
+#: at-fork hooks (made there, so never inherited held)
+_UNHOOKED_FORK_LOCKS: Dict[int, Any] = {}
+
 
 def _track_for_fork(client: ClientBase) -> None:
+    let_go_after_unhooked_fork()  # (before a new client's engine is tracked)
     with _LIVE_LOCK:
         _LIVE_CLIENTS.add(client)
+
+
+def let_go_after_unhooked_fork() -> None:
+    """In a process forked by a ``fork()`` that ran none of Python's at-fork
+    hooks (C code's own: uWSGI's workers without ``py-call-osafterfork``, an
+    extension module), let go of the parent's engines now, as the hooks
+    would have at the fork; a no-op elsewhere. Every client calls it first
+    thing in its calls and at its creation: without it, the clients of such
+    a process used their parent's engines, writing to them and reading their
+    answers."""
+    pid = os.getpid()
+    if pid == _HOOKS_RAN_IN:
+        return
+    # (dict.setdefault is atomic: the process's threads all get one lock)
+    with _UNHOOKED_FORK_LOCKS.setdefault(pid, threading.Lock()):
+        if pid != _HOOKS_RAN_IN:
+            logger.info("this process (%d) was forked without Python's at-fork hooks: letting "
+                        "go of its parent's vw engines", pid)
+            engine_process.after_fork_in_child()
+            _after_fork_in_child()
 
 
 def _after_fork_in_child() -> None:
@@ -547,13 +577,14 @@ def _after_fork_in_child() -> None:
     it closes only its own copies of the pipes (so that the parent's engine
     still sees EOF when the parent closes it), and resets its locks, which
     another thread of the parent may have held at the fork."""
-    global _LIVE_LOCK  # pylint: disable=global-statement
+    global _LIVE_LOCK, _HOOKS_RAN_IN  # pylint: disable=global-statement
     _LIVE_LOCK = threading.Lock()
     for client in list(_LIVE_CLIENTS):
         try:
             client._after_fork_in_child()  # pylint: disable=protected-access
         except Exception:  # pylint: disable=broad-except
             pass
+    _HOOKS_RAN_IN = os.getpid()  # (last: a call that sees it goes on at once)
 
 
 if hasattr(os, "register_at_fork"):

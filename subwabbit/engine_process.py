@@ -210,10 +210,12 @@ def _after_fork_in_parent() -> None:
     _TRANSIT_LOCK.release()
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
     """In a forked child: let go of every engine descriptor the parent held
     (closing only this process's copies: the parent's engines still see EOF
-    when the parent closes them, and no output of theirs is read here)."""
+    when the parent closes them, and no output of theirs is read here).
+    Registered as an at-fork hook; see also
+    :func:`~subwabbit.client.let_go_after_unhooked_fork`."""
     global _TRANSIT_LOCK  # pylint: disable=global-statement
     _TRANSIT_LOCK = threading.RLock()
     holders = list(_HOLDERS)
@@ -227,7 +229,7 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+                        after_in_child=after_fork_in_child)
 
 
 class LooseDescriptors:

@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .base import VowpalWabbitBaseFormatter
-from .client import DEFAULT_IO_TIMEOUT_S, FifoLock, MetricsHook
+from .client import DEFAULT_IO_TIMEOUT_S, FifoLock, MetricsHook, let_go_after_unhooked_fork
 from .command import VwArgs
 from .core.roster import Slot
 from .core.split import Lane
@@ -241,6 +241,7 @@ class VowpalWabbitPool(PoolBase):
                 self._cond.wait(left)
 
     def _check_open(self) -> bool:
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         return self._in_forked_child() and self._start_in_fork()
@@ -271,6 +272,7 @@ class VowpalWabbitPool(PoolBase):
         :raises VowpalWabbitStartupError: when a new engine cannot start; the
             pool keeps serving the old model
         """
+        let_go_after_unhooked_fork()
         with self._reload_lock:  # one at a time: the last one asked for serves
             plan, timeout = self._check_reload(timeout, vw_args)
             try:
@@ -363,6 +365,7 @@ class VowpalWabbitPool(PoolBase):
         engine) are killed, and the reload raises that the pool was closed.
         Idempotent."""
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         deadline = _clock() + timeout
         with self._cond:
             slots = self._begin_close_now()

@@ -17,7 +17,7 @@ from typing import (Any, Callable, Deque, Dict, Iterable, Iterator, List, Option
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
 # AUDIT_LINES_PER_EXAMPLE and DEFAULT_IO_TIMEOUT_S stay importable from here, as in 3.0.
 from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase,  # noqa: F401
-                     FifoLock, MetricsHook)
+                     FifoLock, MetricsHook, let_go_after_unhooked_fork)
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
@@ -368,6 +368,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         while it replaces the engine, and the call waits for it as for any
         other call (:meth:`_begin_call` checks the engine once it holds the
         process)."""
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         if self._needs_new_engine():
@@ -649,6 +650,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             process for longer than ``io_timeout_s`` (the new engine is stopped)
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closed:
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         # One at a time, in the order asked for: the last one asked for
@@ -711,6 +713,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             process for longer than ``io_timeout_s``
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closed:  # at once, not after waiting for a call left holding it
             raise VowpalWabbitError(f"{type(self).__name__} is closed")
         began = time.perf_counter()
@@ -942,6 +945,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             error of its own that no earlier call reported
         """
         timeout = required_seconds(timeout, "timeout")
+        let_go_after_unhooked_fork()
         if self._closed:
             return
         self._closing = True

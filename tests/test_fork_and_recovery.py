@@ -9,6 +9,8 @@ a call with a deadline late.
 """
 
 import asyncio
+import ctypes
+import json
 import logging
 import os
 import signal
@@ -22,8 +24,8 @@ from subwabbit import (VowpalWabbitDummyFormatter,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
-from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process, expected_scalars,
-                      format_lines, in_child, items, scoring_args)
+from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process, common,
+                      expected_scalars, format_lines, in_child, items, scoring_args)
 
 SYNC_CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 SYNC_IDS = ["blocking", "nonblocking"]
@@ -99,6 +101,68 @@ def test_a_living_child_does_not_keep_the_parents_engine_open(trained_model):
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def in_unhooked_child(body, limit_s=20):
+    """Run ``body()`` in a child made by the C library's ``fork()``, which
+    runs none of Python's at-fork hooks (as uWSGI forks its workers, without
+    ``py-call-osafterfork``); return what it sent back, or its error."""
+    read_end, write_end = os.pipe()
+    # (PyDLL: the fork holds the interpreter lock, as the forking thread would)
+    pid = ctypes.PyDLL(None, use_errno=True).fork()
+    assert pid >= 0, ctypes.get_errno()
+    if pid == 0:  # the child
+        def hung(*_):
+            raise TimeoutError(f"the child hung for {limit_s} s")
+
+        signal.signal(signal.SIGALRM, hung)  # a hang fails the test instead of stopping it
+        signal.alarm(limit_s)
+        try:
+            result = {"ok": body()}
+        except BaseException as exc:  # pylint: disable=broad-except
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_end, json.dumps(result).encode())
+        os._exit(0)  # pylint: disable=protected-access
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        data = reader.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    return json.loads(data)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS + ["pool", "asyncio-pool"])
+def test_a_fork_without_pythons_at_fork_hooks_never_uses_the_parents_engines(kind,
+                                                                             trained_model,
+                                                                             truth):
+    # Found by a review: the clients let go of the parent's engines only in
+    # an at-fork hook, which a fork by C code does not run: in such a child
+    # every class wrote to the parent's engines and read their answers (a
+    # parent and a child predicting at once broke the parent's single
+    # process with "printed b'0.268142' where no answer was expected").
+    size = {"size": 2} if "pool" in kind else {}
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), **size)
+    try:
+        parents = client.pids()
+
+        def child():
+            client.new_loop_after_fork()
+            got = client.predict(common(4), items(500))
+            engines = client.pids()
+            client.close()
+            return {"exact": got == pytest.approx(truth[trained_model][4][:500], abs=1e-6),
+                    "engines": engines}
+
+        outcome = in_unhooked_child(child)
+        assert "error" not in outcome, outcome
+        assert outcome["ok"]["exact"]
+        assert not set(outcome["ok"]["engines"]) & set(parents), (outcome, parents)
+        # the parent's engines were neither used nor closed by the child
+        assert client.pids() == parents
+        assert client.predict(common(1), items(3000)) == pytest.approx(truth[trained_model][1],
+                                                                       abs=1e-6)
+    finally:
+        client.close()
 
 
 # --------------------------------------------------------------- recovery
