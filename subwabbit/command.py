@@ -2,12 +2,14 @@
 
 import functools
 import logging
+import numbers
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping, Set as AbstractSet
 from typing import List, Optional, Sequence, Tuple, Union
 
 from .engine.program import option_name
@@ -29,28 +31,32 @@ _OWNED_OPTIONS = {
     "--audit": "pass audit_mode=True instead",
 }
 
-VwArgs = Union[Sequence[Union[str, int, float]], str]
+VwArgs = Union[Sequence[Union[str, int, float, "os.PathLike[str]"]], str]
 
 
 def normalize_vw_args(vw_args: VwArgs) -> List[str]:
     """Check user-supplied engine arguments and return them as a list of strings.
 
-    :param vw_args: a list of tokens (``['-q', 'ui', '--l2', 1e-6]``) or one string
-        split like a shell would
+    :param vw_args: a list of tokens (``['-q', 'ui', '--l2', 1e-6]``; a path
+        such as a :class:`pathlib.Path`, and NumPy numbers, are taken as their
+        text, as 2.x passed its list to the engine) or one string split like
+        a shell would
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
         ``--audit``, ...), or a token with a NUL byte (reductions subwabbit
         cannot serve are refused by :func:`~subwabbit.core.kinds.choose_kind`)
-    :raises TypeError: for a token that is not a string or a number
+    :raises TypeError: for ``vw_args`` that are neither one string nor a
+        sequence of tokens (``bytes``, whose items are ints, a dict, a set,
+        ``None``), or a token that is not a string, a path or a number
     """
     if isinstance(vw_args, str):
         tokens: List[str] = shlex.split(vw_args)
     else:
-        tokens = []
-        for token in vw_args:
-            if isinstance(token, bool) or not isinstance(token, (str, int, float)):
-                raise TypeError(f"vw_args must hold strings or numbers, got {token!r}")
-            tokens.append(str(token))
+        if (isinstance(vw_args, (bytes, bytearray, memoryview, Mapping, AbstractSet))
+                or not isinstance(vw_args, Iterable)):
+            raise TypeError("vw_args must be a list of engine arguments or one string, got "
+                            f"{type(vw_args).__name__} {vw_args!r}")
+        tokens = [_token_text(token) for token in vw_args]
     for index, token in enumerate(tokens):
         if "\0" in token:
             raise ValueError(f"vw_args[{index}] contains a NUL byte: {token!r}")
@@ -65,6 +71,22 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
                 raise ValueError("vw_args must not send raw predictions to stdout: "
                                  "subwabbit reads predictions from it")
     return tokens
+
+
+def _token_text(token: object) -> str:
+    """One ``vw_args`` token as the engine gets it.
+
+    :raises TypeError: for a token that is not a string, a path or a number
+    """
+    if isinstance(token, str):
+        return token
+    if isinstance(token, os.PathLike):
+        path = os.fspath(token)
+        if isinstance(path, str):
+            return path
+    elif isinstance(token, numbers.Real) and not isinstance(token, bool):
+        return str(int(token)) if isinstance(token, numbers.Integral) else repr(float(token))
+    raise TypeError(f"vw_args must hold strings, paths or numbers, got {token!r}")
 
 
 def default_engine_command() -> List[str]:

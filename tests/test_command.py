@@ -1,7 +1,9 @@
 """Tests for the pure parts of subwabbit.command and for subwabbit.deadlines."""
 
+import fractions
 import math
 import os
+import pathlib
 import sys
 import time
 import warnings
@@ -93,6 +95,9 @@ def test_normalize_vw_args_error_messages(args, pattern):
     ("-q ui --l2 1e-6", ["-q", "ui", "--l2", "1e-6"]),
     ("-f '/tmp/my model.vw' --quiet", ["-f", "/tmp/my model.vw", "--quiet"]),
     ("--l1 -0.5 -r /tmp/raw.txt", ["--l1", "-0.5", "-r", "/tmp/raw.txt"]),
+    (["-i", pathlib.Path("/tmp/my model.vw")], ["-i", "/tmp/my model.vw"]),
+    (["--l2", fractions.Fraction(1, 4)], ["--l2", "0.25"]),
+    ((token for token in ["-q", "ui"]), ["-q", "ui"]),
 ])
 def test_normalize_vw_args_accepts(args, expected):
     result = normalize_vw_args(args)
@@ -116,7 +121,25 @@ def test_normalize_vw_args_returns_a_new_list():
     ["-q", object()],
 ])
 def test_normalize_vw_args_rejects_other_types(args):
-    with pytest.raises(TypeError, match="vw_args must hold strings or numbers"):
+    with pytest.raises(TypeError, match="vw_args must hold strings, paths or numbers"):
+        normalize_vw_args(args)
+
+
+def test_normalize_vw_args_takes_numpy_numbers_as_numbers():
+    """They were refused with a message that asked for numbers."""
+    numpy = pytest.importorskip("numpy")
+    assert normalize_vw_args(["-b", numpy.int64(24), "--l2", numpy.float64(1e-06)]) == [
+        "-b", "24", "--l2", "1e-06"]
+    with pytest.raises(TypeError, match="vw_args must hold strings, paths or numbers"):
+        normalize_vw_args(["--l2", numpy.bool_(True)])
+
+
+@pytest.mark.parametrize("args", [b"-q ui", bytearray(b"-q ui"), memoryview(b"-q"),
+                                  {"-q": "ui"}, {"-q"}, frozenset(), None, 5,
+                                  pathlib.Path("-q")])
+def test_normalize_vw_args_rejects_what_is_neither_a_string_nor_a_list(args):
+    """``b"-q ui"`` used to give ``['45', '113', ...]`` and a dict its keys."""
+    with pytest.raises(TypeError, match="vw_args must be a list of engine arguments or one string"):
         normalize_vw_args(args)
 
 

@@ -1,0 +1,46 @@
+"""Bad arguments raise a clear exception before anything reaches an
+engine, the same on every client class."""
+
+import pathlib
+
+import pytest
+
+from conftest import Client, DictFormatter, children_of_this_process, common, items, scoring_args
+
+#: Every client class, as :class:`conftest.Client` names them.
+EVERY_CLASS = ["blocking", "nonblocking", "asyncio", "pool", "asyncio-pool"]
+
+
+def sized(kind):
+    """The constructor arguments a class needs besides the formatter and ``vw_args``."""
+    return {"size": 1} if "pool" in kind else {}
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_args", [b"-t --quiet", bytearray(b"--quiet"),
+                                     {"-t": True, "--quiet": True}, {"--quiet"},
+                                     pathlib.Path("model.vw"), None, 18])
+def test_vw_args_that_are_not_a_list_of_arguments_are_refused_before_an_engine_starts(
+        kind, vw_args):
+    """``bytes`` used to be read as a list of ints (the engine was started
+    with ``45 116 32 ...`` and failed with a start-up error), a dict as its
+    keys (the engine started without the values); ``None`` and a path
+    raised "object is not iterable"."""
+    before = set(children_of_this_process())
+    with pytest.raises(TypeError, match="vw_args must be a list of engine arguments or one string"):
+        Client(kind, DictFormatter(), vw_args, **sized(kind))
+    assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+def test_a_path_in_vw_args_is_the_engine_argument_it_names(kind, trained_model, truth):
+    """2.x passed ``vw_args`` to the engine as they were, so
+    ``["-i", Path("model.vw")]`` loaded the model; it raised
+    ``TypeError: vw_args must hold strings or numbers``."""
+    args = scoring_args(trained_model)
+    args[args.index("-i") + 1] = pathlib.Path(trained_model)
+    client = Client(kind, DictFormatter(), args, **sized(kind))
+    try:
+        assert client.predict(common(1), items(200)) == truth[trained_model][1][:200]
+    finally:
+        client.close()
