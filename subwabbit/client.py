@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import MutableMapping
 from functools import partial
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
                     Union)
@@ -338,7 +339,16 @@ class ClientBase:
                          detailed: Optional[Dict[str, Any]],
                          detailed_keys: Sequence[str]) -> Optional[Dict[str, Any]]:
         """Reset the caller's metrics dicts for a new call; with a hook and no
-        dict of the caller's, make one so the hook still gets the metrics."""
+        dict of the caller's, make one so the hook still gets the metrics.
+
+        :raises TypeError: for a ``metrics`` or ``detailed_metrics`` that is
+            neither ``None`` nor a dict (any mutable mapping)
+        """
+        # (a dict needs no check against the ABC: a call's cost)
+        if metrics is not None and type(metrics) is not dict:  # pylint: disable=unidiomatic-typecheck
+            _check_fillable(metrics, "metrics")
+        if detailed is not None and type(detailed) is not dict:  # pylint: disable=unidiomatic-typecheck
+            _check_fillable(detailed, "detailed_metrics")
         if metrics is None and self.metrics_hook is not None:
             metrics = {}
         if metrics is not None:
@@ -602,6 +612,17 @@ def _release_at_exit() -> None:
 
 
 atexit.register(_release_at_exit)
+
+
+def _check_fillable(value: Any, name: str) -> None:
+    """Check that a call's ``metrics`` or ``detailed_metrics`` is a dict (any
+    mutable mapping) it can fill.
+
+    :raises TypeError: when it is not
+    """
+    if not isinstance(value, MutableMapping):
+        raise TypeError(f"{name} must be a dict for the call to fill, or None; got "
+                        f"{type(value).__name__} {value!r}")
 
 
 def _take_along(values: Any, count: int, what: str) -> List[Any]:

@@ -1,7 +1,9 @@
 """Bad arguments raise a clear exception before anything reaches an
 engine, the same on every client class."""
 
+import collections
 import pathlib
+import types
 
 import pytest
 
@@ -42,5 +44,29 @@ def test_a_path_in_vw_args_is_the_engine_argument_it_names(kind, trained_model, 
     client = Client(kind, DictFormatter(), args, **sized(kind))
     try:
         assert client.predict(common(1), items(200)) == truth[trained_model][1][:200]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+def test_metrics_that_are_not_a_dict_are_refused_before_the_call_and_the_next_call_is_exact(
+        kind, trained_model, truth):
+    """They raised what the first dict method tried on them said: ``pop
+    expected at most 1 argument, got 2`` for a list, ``'str' object has no
+    attribute 'pop'``, ``list indices must be integers or slices, not str``
+    (``detailed_metrics``)."""
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), **sized(kind))
+    expected = truth[trained_model][2][:300]
+    try:
+        for metrics in ([], "num_lines", 5, False, (), types.MappingProxyType({})):
+            with pytest.raises(TypeError, match=r"^metrics must be a dict for the call to fill"):
+                client.predict(common(2), items(300), metrics=metrics)
+            if "pool" not in kind:
+                with pytest.raises(TypeError, match=r"^detailed_metrics must be a dict"):
+                    client.predict(common(2), items(300), detailed_metrics=metrics)
+            assert client.predict(common(2), items(300)) == expected
+        filled: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+        assert client.predict(common(2), items(300), metrics=filled) == expected
+        assert filled["num_lines"] == 300
     finally:
         client.close()
