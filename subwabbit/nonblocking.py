@@ -39,11 +39,12 @@ def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Opti
     :returns: the write cut-off in seconds (``write_timeout_ms``, deprecated, wins)
     :raises ValueError: for a setting out of range
     """
+    name = "write_cutoff_s"
     if write_timeout_ms is not None:
         warnings.warn("write_timeout_ms is deprecated (it held seconds); use write_cutoff_s",
                       DeprecationWarning, stacklevel=3)
-        write_cutoff_s = write_timeout_ms
-    cutoff = validate_seconds(write_cutoff_s, "write_cutoff_s", allow_none=False)
+        write_cutoff_s, name = write_timeout_ms, "write_timeout_ms"
+    cutoff = validate_seconds(write_cutoff_s, name, allow_none=False)
     if isinstance(max_pending_lines, bool) or not isinstance(max_pending_lines, int) \
             or max_pending_lines < 1:
         raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")

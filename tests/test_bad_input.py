@@ -70,3 +70,17 @@ def test_metrics_that_are_not_a_dict_are_refused_before_the_call_and_the_next_ca
         assert filled["num_lines"] == 300
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("kind", ["nonblocking", "asyncio"])
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (float("nan"), ValueError),
+                                          ("0.002", TypeError), (True, TypeError)])
+def test_a_bad_write_timeout_ms_is_named_in_its_error(kind, value, error):
+    """The deprecated alias was checked under the name of the setting it
+    stands for: ``write_timeout_ms=-1`` raised ``write_cutoff_s must be a
+    non-negative number of seconds``, which the caller never passed."""
+    before = set(children_of_this_process())
+    with pytest.warns(DeprecationWarning), \
+            pytest.raises(error, match=r"^write_timeout_ms must be a"):
+        Client(kind, DictFormatter(), ["--quiet"], write_timeout_ms=value)
+    assert set(children_of_this_process()) <= before
