@@ -514,8 +514,18 @@ class EngineProcess:
         return self.startup_error("the vw engine exited during start-up", output)
 
     def set_pipe_size(self, size_bytes: int) -> int:
-        """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted."""
-        return fcntl.fcntl(self.stdin_fd, 1031, size_bytes)  # F_SETPIPE_SZ
+        """Resize the stdin pipe (Linux ``F_SETPIPE_SZ``); returns the size granted.
+
+        :raises ValueError: when the system refuses the size (``size_bytes``
+            is the client's ``pipe_buffer_size_bytes``)
+        """
+        try:
+            return fcntl.fcntl(self.stdin_fd, 1031, size_bytes)  # F_SETPIPE_SZ
+        except OSError as exc:
+            raise ValueError(
+                f"pipe_buffer_size_bytes={size_bytes!r}: the system refused to resize the "
+                f"engine's input pipe to it ({exc.strerror}); without CAP_SYS_RESOURCE a "
+                "process may ask for at most /proc/sys/fs/pipe-max-size bytes") from exc
 
     # -------------------------------------------------------------- shutdown
 

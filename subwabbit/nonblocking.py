@@ -32,6 +32,12 @@ DEFAULT_MAX_PENDING_LINES = 100
 DEFAULT_WRITE_CUTOFF_S = 0.0005
 
 
+#: The largest ``pipe_buffer_size_bytes``: Linux refuses a larger pipe, and
+#: ``fcntl`` passes the size as a C int, so a size of 2**32 bytes or more
+#: would wrap around to a small one.
+MAX_PIPE_SIZE_BYTES = 2 ** 31
+
+
 def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Optional[int],
                             write_timeout_ms: Optional[float], write_cutoff_s: float) -> float:
     """Check the settings of the classes that return by a deadline.
@@ -50,9 +56,10 @@ def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Opti
         raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")
     if pipe_buffer_size_bytes is not None and (
             isinstance(pipe_buffer_size_bytes, bool)
-            or not isinstance(pipe_buffer_size_bytes, int) or pipe_buffer_size_bytes < 1):
-        raise ValueError("pipe_buffer_size_bytes must be a positive int or None, "
-                         f"got {pipe_buffer_size_bytes!r}")
+            or not isinstance(pipe_buffer_size_bytes, int)
+            or not 1 <= pipe_buffer_size_bytes <= MAX_PIPE_SIZE_BYTES):
+        raise ValueError(f"pipe_buffer_size_bytes must be a positive int up to "
+                         f"{MAX_PIPE_SIZE_BYTES} or None, got {pipe_buffer_size_bytes!r}")
     assert cutoff is not None
     return cutoff
 

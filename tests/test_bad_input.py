@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from conftest import Client, DictFormatter, children_of_this_process, common, items, scoring_args
+from conftest import (Client, DictFormatter, children_of_this_process, common, items,
+                      scoring_args, wait_until)
 
 #: Every client class, as :class:`conftest.Client` names them.
 EVERY_CLASS = ["blocking", "nonblocking", "asyncio", "pool", "asyncio-pool"]
@@ -84,3 +85,31 @@ def test_a_bad_write_timeout_ms_is_named_in_its_error(kind, value, error):
             pytest.raises(error, match=r"^write_timeout_ms must be a"):
         Client(kind, DictFormatter(), ["--quiet"], write_timeout_ms=value)
     assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", ["nonblocking", "asyncio"])
+@pytest.mark.parametrize("size", [2 ** 31 + 1, 2 ** 32 + 8192, 2 ** 40])
+def test_a_pipe_size_beyond_what_linux_takes_is_refused_before_an_engine_starts(kind, size):
+    """``fcntl`` passes the size as a C int: 2**32 + 8192 gave an 8 KiB pipe
+    and 2**40 a 4 KiB one, silently."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=r"^pipe_buffer_size_bytes must be a positive int up to"):
+        Client(kind, DictFormatter(), ["--quiet"], pipe_buffer_size_bytes=size)
+    assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", ["nonblocking", "asyncio"])
+def test_a_pipe_size_the_system_refuses_is_a_value_error_naming_the_setting(kind):
+    """It raised the bare ``PermissionError: [Errno 1] Operation not
+    permitted`` of ``fcntl``, which names nothing."""
+    with open("/proc/sys/fs/pipe-max-size", encoding="ascii") as limit:
+        size = 4 * int(limit.read())
+    before = set(children_of_this_process())
+    try:
+        client = Client(kind, DictFormatter(), ["--quiet"], pipe_buffer_size_bytes=size)
+    except ValueError as exc:
+        assert str(exc).startswith(f"pipe_buffer_size_bytes={size}: the system refused")
+    else:
+        client.close()
+        pytest.skip("this process may make pipes larger than pipe-max-size")
+    assert wait_until(lambda: set(children_of_this_process()) <= before)
