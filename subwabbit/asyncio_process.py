@@ -883,7 +883,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             engine, channel = self._engine, self._channel
             assert engine is not None and channel is not None
-            save = ModelSave(str(path))
+            save = ModelSave(path)
             written_before = channel.bytes_written
             done = False
             try:

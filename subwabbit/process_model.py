@@ -847,7 +847,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._check_usable()
         with self._call(deadline):
             engine, channel = self._engine_or_raise()
-            save = ModelSave(str(path))
+            save = ModelSave(path)
             written_before = channel.bytes_written
             done = False
             try:

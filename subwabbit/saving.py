@@ -6,12 +6,13 @@ appears under the name it was given is complete. subwabbit gives it a unique
 name beside the target and renames that to the target afterwards.
 """
 
+import errno
 import logging
 import os
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .errors import VowpalWabbitError
 
@@ -21,15 +22,25 @@ logger = logging.getLogger("subwabbit")
 class ModelSave:
     """One save: the side file, the control line, and the final rename.
 
-    :param path: where the model should end up (parent directories are created)
-    :raises ValueError: for a path the save command cannot carry (spaces, ``|``)
-    :raises OSError: when the directory cannot be created or a file cannot be
-        created in it: found here, before the engine is asked, because vw's
-        own driver aborts (SIGABRT) on a save it cannot write
+    :param path: where the model should end up, a ``str``, ``bytes`` or
+        :class:`os.PathLike` path (parent directories are created)
+    :raises TypeError: for anything else (``None``)
+    :raises ValueError: for a path the save command cannot carry (spaces,
+        ``|``), or an empty one
+    :raises OSError: when the directory cannot be created, a file cannot be
+        created in it, or the path is a directory: found here, before the
+        engine is asked, because vw's own driver aborts (SIGABRT) on a save
+        it cannot write
     """
 
-    def __init__(self, path: str) -> None:
-        self.target = os.path.abspath(path)
+    def __init__(self, path: "Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]") -> None:
+        text = os.fsdecode(path)
+        if not text:
+            raise ValueError("the path to save the model to is empty")
+        self.target = os.path.abspath(text)
+        if os.path.isdir(self.target):
+            raise IsADirectoryError(errno.EISDIR, "cannot save the model over a directory",
+                                    self.target)
         directory = os.path.dirname(self.target)
         os.makedirs(directory, exist_ok=True)
         self.side = os.path.join(directory,

@@ -113,3 +113,40 @@ def test_a_pipe_size_the_system_refuses_is_a_value_error_naming_the_setting(kind
         client.close()
         pytest.skip("this process may make pipes larger than pipe-max-size")
     assert wait_until(lambda: set(children_of_this_process()) <= before)
+
+
+def save(client, *args):
+    if client.loop is not None:
+        return client.loop.run_until_complete(client.model.save(*args))
+    return client.model.save(*args)
+
+
+@pytest.mark.parametrize("kind", ["blocking", "nonblocking", "asyncio"])
+def test_save_takes_a_path_not_its_repr_and_refuses_none_empty_and_directories(
+        kind, trained_model, truth, tmp_path, monkeypatch):
+    """``save(path)`` used ``str(path)``: ``save(None)`` wrote a model named
+    ``None`` in the working directory, ``save(b"/x/m.vw")`` one at
+    ``./b'/x/m.vw'`` (creating the directories), and ``save("")`` and
+    ``save(a_directory)`` had the engine write the model beside the
+    directory before the rename failed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    client = Client(kind, DictFormatter(), scoring_args(trained_model))
+    expected = truth[trained_model][3][:200]
+    try:
+        with pytest.raises(TypeError):
+            save(client, None)
+        with pytest.raises(ValueError, match="empty"):
+            save(client, "")
+        with pytest.raises(IsADirectoryError) as refused:
+            save(client, str(tmp_path))
+        assert refused.value.filename == str(tmp_path)
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["work"]
+        assert list(work.iterdir()) == []
+        target = tmp_path / "saved" / "model.vw"
+        save(client, bytes(target))
+        assert target.exists() and list(work.iterdir()) == []
+        assert client.predict(common(3), items(200)) == expected
+    finally:
+        client.close()
