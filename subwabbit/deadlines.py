@@ -44,6 +44,24 @@ def validate_seconds(value: Optional[float], name: str, allow_none: bool = True)
     return min(value, LONGEST_WAIT_S)
 
 
+def validate_deadline(deadline: Optional[float], name: str = "deadline") -> Optional[float]:
+    """Check an absolute :func:`time.perf_counter` deadline given by a caller.
+
+    :returns: ``deadline`` as a float, or ``None`` (no deadline)
+    :raises TypeError: for a bool or a non-number
+    :raises ValueError: for NaN
+    """
+    if deadline is None:
+        return None
+    if type(deadline) is not float and (
+            isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)):
+        raise TypeError(f"{name} must be a time.perf_counter() value or None, got {deadline!r}")
+    deadline = float(deadline)
+    if math.isnan(deadline):
+        raise ValueError(f"{name} must be a time.perf_counter() value or None, got nan")
+    return deadline
+
+
 def required_seconds(value: float, name: str) -> float:
     """:func:`validate_seconds` for a parameter that must be a number (``None``
     refused)."""

@@ -8,7 +8,7 @@ from .base import Label, VowpalWabbitBaseFormatter
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
 from .core.exchanges import Pacing
-from .deadlines import validate_seconds
+from .deadlines import validate_deadline, validate_seconds
 from .engine_process import EngineProcess
 from .process_model import VowpalWabbitProcessModel
 
@@ -170,8 +170,11 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         :param deadline: a :func:`time.perf_counter` value to stop at, or ``None``
         :param debug_info: unused; kept for compatibility
         :returns: whether nothing is left in flight
+        :raises TypeError: for a ``deadline`` that is not a number (or is a bool)
+        :raises ValueError: for a NaN ``deadline``
         """
         del debug_info
+        deadline = validate_deadline(deadline)
         self._check_usable()
         return self._cleanup(deadline)
 

@@ -2,7 +2,9 @@
 engine, the same on every client class."""
 
 import collections
+import os
 import pathlib
+import signal
 import types
 
 import pytest
@@ -148,5 +150,34 @@ def test_save_takes_a_path_not_its_repr_and_refuses_none_empty_and_directories(
         save(client, bytes(target))
         assert target.exists() and list(work.iterdir()) == []
         assert client.predict(common(3), items(200)) == expected
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("deadline, error", [("soon", TypeError), (True, TypeError),
+                                             ([1.0], TypeError), (float("nan"), ValueError)])
+def test_nonblocking_cleanup_refuses_a_deadline_that_is_not_a_time(deadline, error, trained_model,
+                                                                    truth):
+    """``cleanup(deadline)`` used the value as it was: with nothing in
+    flight any value returned ``True``; with leftovers ``"soon"`` raised
+    ``'>=' not supported between instances of 'float' and 'str'``, NaN
+    ``Invalid value NaN (not a number)`` and ``True`` was taken as the
+    time 1.0."""
+    client = Client("nonblocking", DictFormatter(), scoring_args(trained_model))
+    process = client.model
+    expected = truth[trained_model][4][:300]
+    try:
+        with pytest.raises(error, match=r"^deadline must be a time.perf_counter\(\) value"):
+            process.cleanup(deadline)
+        os.kill(process.pid, signal.SIGSTOP)  # what the next call sends stays unanswered
+        try:
+            assert client.predict(common(4), items(300), timeout=0.05) == []
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert process.pending_lines > 0
+        with pytest.raises(error, match=r"^deadline must be a time.perf_counter\(\) value"):
+            process.cleanup(deadline)
+        assert process.cleanup(None) and process.pending_lines == 0
+        assert client.predict(common(4), items(300)) == expected
     finally:
         client.close()
