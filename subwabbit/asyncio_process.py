@@ -16,7 +16,8 @@ import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
-from .client import DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook, let_go_after_unhooked_fork
+from .client import (DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook, check_not_text,
+                     let_go_after_unhooked_fork)
 from .command import VwArgs
 from .core.channel import START_BLANK, Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, PredictExchange,
@@ -789,6 +790,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         start = _clock()
         deadline = deadline_from_timeout(timeout, start=start)
         warn_if_milliseconds(timeout)
+        check_not_text(items_features, "items_features")
         self._require_predictions("predict")
         metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
         predictions: List[Any] = []

@@ -431,6 +431,9 @@ class ClientBase:
         :returns: one line per item, or, for a multi-line kind, the lines of
             the one example the items make (none without items)
         """
+        check_not_text(items_features, "items_features")
+        check_not_text(labels, "labels")
+        check_not_text(weights, "weights")
         items = list(items_features)
         labels = _take_along(labels, len(items), "labels")
         weighted = weights is not None
@@ -612,6 +615,20 @@ def _release_at_exit() -> None:
 
 
 atexit.register(_release_at_exit)
+
+
+def check_not_text(values: Any, name: str) -> None:
+    """Check that a call's ``items_features`` (or ``labels``, ``weights``) is
+    not one string: iterated, it would be one item per character (a
+    :class:`~subwabbit.base.VowpalWabbitDummyFormatter` would send each
+    character as an example).
+
+    :raises TypeError: for a ``str``, ``bytes`` or ``bytearray``
+    """
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must hold one entry per item (a list, say), not a "
+                        f"{type(values).__name__}, which would be read as one item per "
+                        f"character: {values[:40]!r}")
 
 
 def _check_fillable(value: Any, name: str) -> None:

@@ -21,7 +21,7 @@ import weakref
 from typing import (Any, Collection, ContextManager, Dict, FrozenSet, Generator, Iterable, List,
                     NamedTuple, Optional, Sequence, Union)
 
-from .client import ClientBase, MetricsHook, ReloadPlan
+from .client import ClientBase, MetricsHook, ReloadPlan, check_not_text
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import format_common_part
@@ -723,6 +723,7 @@ class PoolBase(ClientBase):
         start = _clock()
         warn_if_milliseconds(timeout)
         deadline = deadline_from_timeout(timeout, start=start)
+        check_not_text(items_features, "items_features")
         metrics = self._prepare_pool_metrics(metrics)
         results: List[Any] = []
         exchange: Optional[SplitPredictExchange[Slot]] = None

@@ -9,6 +9,8 @@ import types
 
 import pytest
 
+from subwabbit import VowpalWabbitDummyFormatter
+
 from conftest import (Client, DictFormatter, children_of_this_process, common, items,
                       scoring_args, wait_until)
 
@@ -179,5 +181,31 @@ def test_nonblocking_cleanup_refuses_a_deadline_that_is_not_a_time(deadline, err
             process.cleanup(deadline)
         assert process.cleanup(None) and process.pending_lines == 0
         assert client.predict(common(4), items(300)) == expected
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+def test_one_string_for_the_items_or_the_labels_is_refused_before_anything_is_sent(kind, tmp_path):
+    """A string is an iterable of characters: ``predict("", "|f a")`` with
+    the dummy formatter gave four predictions, for the examples ``' |'``,
+    ``' f'``, ``'  '`` and ``' a'``, and ``train("", "|f a", [1, 0, 1, 0])``
+    taught the model those four lines; ``labels="10"`` were two labels."""
+    client = Client(kind, VowpalWabbitDummyFormatter(), ["--quiet"], **sized(kind))
+    try:
+        for text in ("|f a", b"|f a"):
+            with pytest.raises(TypeError, match=r"^items_features must hold one entry per item"):
+                client.predict("", text)
+        if client.trains:
+            fresh = client.predict("", ["|f a", "|f b"])
+            with pytest.raises(TypeError, match=r"^items_features must hold one entry per item"):
+                client.train("", "|f a", [1, 0, 1, 0])
+            with pytest.raises(TypeError, match=r"^labels must hold one entry per item"):
+                client.train("", ["|f a", "|f b"], "10")
+            with pytest.raises(TypeError, match=r"^weights must hold one entry per item"):
+                client.train("", ["|f a", "|f b"], [1, 0], "11")
+            assert client.predict("", ["|f a", "|f b"]) == fresh  # nothing was learnt
+            client.train("", ["|f a", "|f b"], [1, 0])
+            assert client.predict("", ["|f a", "|f b"]) != fresh
     finally:
         client.close()
