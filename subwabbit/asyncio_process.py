@@ -796,6 +796,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         predictions: List[Any] = []
         exchange: Optional[PredictExchange] = None
         held = False
+        returned = False
         try:
             held = await self._begin_call(deadline, metrics)
             if not held:
@@ -814,12 +815,15 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock,
                 format_s_per_item=self._format_s_per_item)
             predictions = await self._run(exchange, detailed_metrics)
+            returned = True
             return predictions
         except ENGINE_FAILURES:
             self._count_failure(metrics)
             raise
         finally:
             self._finish_predict_metrics(metrics, exchange, start, self.pending_lines, True)
+            if metrics is not None and not returned:
+                metrics["num_lines"] = 0  # raised or cancelled: the caller got none
             if exchange is not None:
                 self._format_s_per_item = exchange.format_s_per_item
                 exchange.end()

@@ -279,10 +279,17 @@ class PoolBase(ClientBase):
         return metrics
 
     def _finish_pool_metrics(self, metrics: Optional[Dict[str, Any]], start: float,
-                             results: List[Any], exchange: Optional[SplitPredictExchange[Slot]],
+                             results: Optional[List[Any]],
+                             exchange: Optional[SplitPredictExchange[Slot]],
                              engines: int) -> None:
+        """Fill a call's closing metrics and hand them to the hook.
+
+        :param results: what the call returned; ``None`` when it raised (or
+            was cancelled): the caller got no prediction, whatever the
+            engines had answered
+        """
         if metrics is not None:
-            metrics["num_lines"] = len(results)
+            metrics["num_lines"] = 0 if results is None else len(results)
             metrics["total_time"] = _clock() - start
             metrics["engines"] = engines
             if exchange is not None:
@@ -729,6 +736,7 @@ class PoolBase(ClientBase):
         exchange: Optional[SplitPredictExchange[Slot]] = None
         engines_used = 0
         counted = False
+        returned = False
         try:
             if self._check_open() and metrics is not None:
                 metrics["restarts"] = 1
@@ -743,6 +751,7 @@ class PoolBase(ClientBase):
                 engines_used = yield from self._serve(exchange, total, generation, results)
                 if results and not exchange.failed_lanes and exchange.first_lines:
                     self._recent_lines = exchange.first_lines
+            returned = True
         finally:
             if exchange is not None:
                 self._format_s_per_item = exchange.format_s_per_item
@@ -751,7 +760,8 @@ class PoolBase(ClientBase):
                     closing = self._give_back_now(exchange.end(), counted)
                     self._changed()
                 self._close_later(closing)
-            self._finish_pool_metrics(metrics, start, results, exchange, engines_used)
+            self._finish_pool_metrics(metrics, start, results if returned else None, exchange,
+                                      engines_used)
         return results
 
     def _check_open(self) -> bool:
