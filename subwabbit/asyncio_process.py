@@ -646,7 +646,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
             yielded_at = _clock()
 
     async def _run(self, exchange: Exchange,
-                   detailed: Optional[Dict[str, List[Any]]] = None) -> List[Any]:
+                   detailed: Optional[Dict[str, List[Any]]] = None,
+                   end: bool = True) -> List[Any]:
+        """Drive ``exchange`` on the engine and return its results.
+
+        :param end: end the exchange when it returns or raises (``False``:
+            the caller ends it, once it has read what it needs from it)
+        """
         engine = self._engine
         assert engine is not None
         try:
@@ -656,7 +662,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._fail(exc)
             raise
         finally:
-            exchange.end()
+            if end:
+                exchange.end()
 
     def _fail(self, exc: BaseException) -> None:
         self._broken = exc
@@ -814,7 +821,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 debug_info=debug_info, pacing=self._pacing(), deadline=deadline,
                 idle_s=self.io_timeout_s, detailed=detailed_metrics, clock=_clock,
                 format_s_per_item=self._format_s_per_item)
-            predictions = await self._run(exchange, detailed_metrics)
+            # Ended below, once the metrics are taken: ending it turns the
+            # lines it still owes into leftovers, which are not earlier calls'.
+            predictions = await self._run(exchange, detailed_metrics, end=False)
             returned = True
             return predictions
         except ENGINE_FAILURES:
