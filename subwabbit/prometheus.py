@@ -11,7 +11,10 @@ generation) and counters (failures, replacements, reloads) to a registry::
 
     registry = CollectorRegistry()
     pool = VowpalWabbitPool(formatter, vw_args, metrics_hook=metrics_hook(registry))
-    register_pool(pool, registry)
+    collector = register_pool(pool, registry)
+    ...
+    pool.close()
+    registry.unregister(collector)
 """
 
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -37,8 +40,14 @@ def metrics_hook(registry: Optional[CollectorRegistry] = None,
     another call), ``<prefix>_engine_failures_total`` and
     ``<prefix>_restarts_total``.
 
+    The hook holds no state of any one client: give the same hook to every
+    client and pool whose calls it should count, and call this function
+    once per registry and prefix (a second call raises ``ValueError``, its
+    names being taken), not once per client or per start of a service.
+
     :param registry: where to register (default: prometheus_client's global registry)
     :param prefix: the metric names' prefix
+    :raises ValueError: when ``registry`` already has these names
     """
     registry = REGISTRY if registry is None else registry
     duration = Histogram(f"{prefix}_call_duration_seconds", "Duration of subwabbit calls",
@@ -98,7 +107,7 @@ _POOL_STATS = ("engines", "engines_busy", "generation", "engine_failures", "engi
 
 
 def register_pool(pool: Any, registry: Optional[CollectorRegistry] = None,
-                  prefix: str = "subwabbit") -> None:
+                  prefix: str = "subwabbit") -> Collector:
     """Export ``pool.stats()`` (a :class:`~subwabbit.pool.VowpalWabbitPool` or
     :class:`~subwabbit.asyncio_pool.AsyncVowpalWabbitPool`) at every scrape.
 
@@ -106,9 +115,16 @@ def register_pool(pool: Any, registry: Optional[CollectorRegistry] = None,
     pool, so registering a second pool with the same prefix in the same
     registry raises ``ValueError`` (give it another ``prefix``) rather than
     exporting two series of one name that a scrape could not tell apart.
+    A closed pool is exported (with no engines) until its collector is
+    unregistered: pass the collector returned here to
+    ``registry.unregister()`` when the pool is closed, and the names are
+    free for the pool that replaces it.
 
     :param registry: where to register (default: prometheus_client's global registry)
     :param prefix: the metric names' prefix
+    :returns: the collector registered
     :raises ValueError: when ``registry`` already has these names
     """
-    (REGISTRY if registry is None else registry).register(_PoolCollector(pool, prefix))
+    collector = _PoolCollector(pool, prefix)
+    (REGISTRY if registry is None else registry).register(collector)
+    return collector

@@ -3,6 +3,7 @@
 the middle, and every response checked against the engine for the model that
 served it."""
 
+import asyncio
 import http.client
 import importlib.util
 import json
@@ -290,3 +291,31 @@ def test_the_example_service_refuses_bad_and_oversized_requests_with_a_4xx(tmp_p
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_the_example_app_can_start_again_in_the_same_process(tmp_path, monkeypatch):
+    # Found by a review: its lifespan registered the metrics hook's series
+    # and the pool's collector in the module's registry at every start, so a
+    # second start in one process (a test client per test, an app started
+    # again) failed with "Duplicated timeseries in CollectorRegistry", and
+    # nothing could take the closed pool's collector out of the registry.
+    app = _app_module()
+    model = tmp_path / "current.vw"
+    _train_module().train(str(model), app.Formatter(), users=2, items=20)
+    monkeypatch.setenv("MODEL_PATH", str(model))
+    monkeypatch.setenv("POOL_SIZE", "1")
+    monkeypatch.setattr(app.gc, "freeze", lambda: None)  # not in the test process
+
+    async def serve_once():
+        async with app.lifespan(app.app):
+            answer = await app.recommend(app.RecommendRequest(user=1, items=[1, 2, 3],
+                                                              timeout_ms=1000))
+            text = app.generate_latest(app.registry).decode()
+        return answer, text
+
+    first, _ = asyncio.run(serve_once())
+    second, text = asyncio.run(serve_once())
+    assert len(first["scores"]) == 3 and second == first
+    assert _metric(text, "subwabbit_pool_engines") == 1.0
+    assert _metric(text, 'subwabbit_predictions_total{method="predict"}') == 6.0
+    assert "subwabbit_pool_engines" not in app.generate_latest(app.registry).decode()

@@ -89,3 +89,18 @@ def test_a_second_pool_with_the_same_names_is_refused_not_exported_twice():
         assert _value(registry, "second_pool_engines") == 2.0
         text = prometheus_client.generate_latest(registry).decode()
     assert text.count("\nsubwabbit_pool_engines ") == 1
+
+
+def test_a_closed_pools_collector_can_leave_the_registry_for_its_replacement():
+    # Found by a review: register_pool returned nothing, so a closed pool
+    # stayed in the registry (exported with no engines, and kept alive) and
+    # the pool that replaced it could not be registered under its names.
+    registry = prometheus_client.CollectorRegistry()
+    with VowpalWabbitPool(VowpalWabbitDummyFormatter(), ["--quiet"], size=1) as first:
+        collector = register_pool(first, registry)
+    assert _value(registry, "subwabbit_pool_engines") == 0.0  # closed, still exported
+    registry.unregister(collector)
+    assert _value(registry, "subwabbit_pool_engines") is None
+    with VowpalWabbitPool(VowpalWabbitDummyFormatter(), ["--quiet"], size=2) as second:
+        register_pool(second, registry)
+        assert _value(registry, "subwabbit_pool_engines") == 2.0

@@ -92,18 +92,25 @@ items_scored = Counter("recommend_items_scored", "Items scored within their budg
                        registry=registry)
 empty_answers = Counter("recommend_empty_answers", "Requests answered with no score",
                         registry=registry)
+#: one hook for the process: its series are registered once, whatever pool it serves
+record_call = metrics_hook(registry)
 state: Dict[str, AsyncVowpalWabbitPool] = {}
 
 
 @contextlib.asynccontextmanager
 async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     pool = AsyncVowpalWabbitPool(Formatter(), vw_args(os.environ["MODEL_PATH"]),
-                                 size=pool_size(), metrics_hook=metrics_hook(registry))
-    register_pool(pool, registry)
-    async with pool:
-        state["pool"] = pool
-        gc.freeze()  # what lives as long as the service: the collector skips it
-        yield
+                                 size=pool_size(), metrics_hook=record_call)
+    # The pool's series leave the registry with it, so that a service (or a
+    # test client) that starts the app again exports its new pool instead.
+    collector = register_pool(pool, registry)
+    try:
+        async with pool:
+            state["pool"] = pool
+            gc.freeze()  # what lives as long as the service: the collector skips it
+            yield
+    finally:
+        registry.unregister(collector)
 
 
 app = FastAPI(lifespan=lifespan)
