@@ -701,12 +701,14 @@ class AsyncVowpalWabbitProcess(ClientBase):
         limit = deadline
         if limit is None and self.io_timeout_s is not None:
             limit = began + self.io_timeout_s
-        held = await self._turn.acquire(limit)
-        waited = _clock() - began
-        if metrics is not None:
-            metrics["lock_wait_time"] = waited
-        if contended:
-            self._note_contention(waited, metrics)
+        try:
+            held = await self._turn.acquire(limit)
+        finally:  # a call cancelled while it waits has waited too
+            waited = _clock() - began
+            if metrics is not None:
+                metrics["lock_wait_time"] = waited
+            if contended:
+                self._note_contention(waited, metrics)
         if not held:
             if deadline is not None:
                 return False

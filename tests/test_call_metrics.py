@@ -133,3 +133,40 @@ def test_a_call_cut_by_its_deadline_counts_only_earlier_calls_lines_as_leftovers
     assert metrics[0]["after_cleanup_pending_lines"] == 0, metrics[0]
     assert metrics[1]["before_cleanup_pending_lines"] == left
     assert metrics[1]["after_cleanup_pending_lines"] == 0
+
+
+@pytest.mark.parametrize("cls", [AsyncVowpalWabbitProcess, AsyncVowpalWabbitPool])
+def test_a_call_cancelled_while_it_waits_for_another_reports_the_wait(cls):
+    # Found by a review: an AsyncVowpalWabbitProcess call cancelled while it
+    # waited for another task's call reported waited_for_other_call 0 and
+    # lock_wait_time 0.0 (the cancellation left before they were written),
+    # so the wait that made a service give up on it never showed in its
+    # metrics. The pool reported it.
+    metrics = {}
+    seen = []
+
+    async def main():
+        args = {"size": 1} if cls is AsyncVowpalWabbitPool else {}
+        async with cls(VowpalWabbitDummyFormatter(), ["--quiet"], metrics_hook=seen.append,
+                       **args) as model:
+            await model.predict("|u a", ["|i b"] * 5, timeout=30.0)
+            pid = model.engine_pids()[0] if cls is AsyncVowpalWabbitPool else model.pid
+            os.kill(pid, signal.SIGSTOP)  # the first call holds it until its deadline
+            try:
+                holding = asyncio.ensure_future(model.predict("|u a", ["|i b"] * 1000,
+                                                              timeout=1.0))
+                await asyncio.sleep(0.05)
+                waiting = asyncio.ensure_future(model.predict("|u a", ["|i b"] * 10,
+                                                              timeout=30.0, metrics=metrics))
+                await asyncio.sleep(0.1)
+                assert not waiting.done()
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert await holding == []
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+    asyncio.run(main())
+    assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0, metrics
+    assert [hooked["waited_for_other_call"] for hooked in seen] == [0, 1, 0]
