@@ -832,7 +832,10 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._count_failure(metrics)
             raise
         finally:
-            self._finish_predict_metrics(metrics, exchange, start, self.pending_lines, True)
+            # (for a call that never began: earlier calls' leftovers, not
+            # the lines of the call it waited for)
+            self._finish_predict_metrics(metrics, exchange, start, 0 if self._channel is None
+                                         else self._channel.stale_lines, True)
             if metrics is not None and not returned:
                 metrics["num_lines"] = 0  # raised or cancelled: the caller got none
             if exchange is not None:

@@ -383,7 +383,8 @@ class ClientBase:
 
         :param exchange: the call's :class:`~subwabbit.core.exchanges.PredictExchange`,
             or ``None`` when it never began
-        :param pending_lines: lines in flight, for a call that never began
+        :param pending_lines: earlier calls' leftovers in flight (not the
+            lines of a call in progress), for a call that never began
         :param leftovers: whether the class reports earlier calls' leftovers
             (``cleanup_time`` and the ``*_cleanup_pending_lines`` keys)
         """
@@ -397,7 +398,7 @@ class ClientBase:
                 metrics["after_cleanup_pending_lines"] = exchange.channel.stale_lines
             else:
                 metrics.setdefault("before_cleanup_pending_lines", pending_lines)
-                metrics["cleanup_time"] = now - start
+                metrics["cleanup_time"] = now - start if pending_lines else 0.0
                 metrics["after_cleanup_pending_lines"] = pending_lines
         metrics["num_lines"] = exchange.returned if exchange is not None else 0
         metrics["total_time"] = now - start

@@ -287,6 +287,12 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """Examples sent (or queued) to the engine whose predictions have not been read."""
         return self._channel.in_flight_lines if self._channel is not None else 0
 
+    def _leftover_lines(self) -> int:
+        """Lines in flight that ended calls left (not those of the call in
+        progress, which may be another thread's)."""
+        channel = self._channel
+        return channel.stale_lines if channel is not None else 0
+
     @property
     def pid(self) -> Optional[int]:
         """The engine's process id."""
@@ -782,7 +788,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._count_failure(metrics)
             raise
         finally:
-            self._finish_predict_metrics(metrics, exchange, start, self.pending_lines,
+            self._finish_predict_metrics(metrics, exchange, start, self._leftover_lines(),
                                          pacing.hard_deadline)
             if metrics is not None:
                 metrics["num_lines"] = yielded  # what the caller received

@@ -4,6 +4,7 @@ the cases a service meets: calls that raise, are cancelled, or fail."""
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 
@@ -170,3 +171,51 @@ def test_a_call_cancelled_while_it_waits_for_another_reports_the_wait(cls):
     asyncio.run(main())
     assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0, metrics
     assert [hooked["waited_for_other_call"] for hooked in seen] == [0, 1, 0]
+
+
+def _metrics_of_a_call_that_never_began(cls):
+    """The metrics of a call whose deadline passes while another call, with
+    lines in flight and no leftovers before it, holds the object."""
+    metrics = {}
+    if cls is AsyncVowpalWabbitProcess:
+        async def main():
+            async with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+                await model.predict("|u a", ["|i b"] * 5, timeout=30.0)
+                os.kill(model.pid, signal.SIGSTOP)  # the first call holds it until its deadline
+                try:
+                    holding = asyncio.ensure_future(model.predict("|u a", ["|i b"] * 1000,
+                                                                  timeout=1.0))
+                    await asyncio.sleep(0.05)
+                    assert model.pending_lines > 0
+                    assert await model.predict("|u a", ["|i b"] * 10, timeout=0.1,
+                                               metrics=metrics) == []
+                    assert await holding == []
+                finally:
+                    os.kill(model.pid, signal.SIGCONT)
+        asyncio.run(main())
+        return metrics
+    with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+        holding = model.predict("|u a", ["|i b"] * 5000)
+        next(holding)  # this thread holds the object, with lines in flight
+        assert model.pending_lines > 0
+        other = threading.Thread(target=lambda: metrics.setdefault("got", list(model.predict(
+            "|u a", ["|i b"] * 10, timeout=0.1, metrics=metrics))))
+        other.start()
+        other.join()
+        holding.close()
+        assert metrics.pop("got") == []
+    return metrics
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitNonBlockingProcess, AsyncVowpalWabbitProcess])
+def test_a_call_that_waited_for_another_call_reports_no_leftovers_of_it(cls):
+    # Found by a review: a call whose deadline passed while another call held
+    # the object reported that call's lines in flight as leftovers
+    # (before_ and after_cleanup_pending_lines 100) and its whole time as
+    # cleanup_time: what the docs read as "its budget went on earlier calls'
+    # leftovers, lower max_pending_lines", when it went on waiting.
+    metrics = _metrics_of_a_call_that_never_began(cls)
+    assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0
+    assert metrics["before_cleanup_pending_lines"] == 0, metrics
+    assert metrics["after_cleanup_pending_lines"] == 0
+    assert metrics["cleanup_time"] == 0.0
