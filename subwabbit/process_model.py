@@ -476,22 +476,24 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         token = object()
         holder = self._holder
         contended = holder is not None and holder[0] != threading.get_ident()
-        held = self._wait_for_turn(token, self._turn_limit(began, deadline))
-        if held and holder is not None and not contended:
-            # This thread held the process for an unfinished call: the new
-            # call supersedes it. Its iterator may be running in another
-            # thread (handed to a thread pool, say): end it once its current
-            # step is over, so that its next step raises before it touches
-            # the channel that this call uses from now on.
-            with self._step_lock:
-                channel = self._channel
-                if channel is not None:
-                    channel.supersede()
-        waited = time.perf_counter() - began
-        if metrics is not None:
-            metrics["lock_wait_time"] = waited
-        if contended:
-            self._note_contention(waited, metrics)
+        try:
+            held = self._wait_for_turn(token, self._turn_limit(began, deadline))
+            if held and holder is not None and not contended:
+                # This thread held the process for an unfinished call: the new
+                # call supersedes it. Its iterator may be running in another
+                # thread (handed to a thread pool, say): end it once its current
+                # step is over, so that its next step raises before it touches
+                # the channel that this call uses from now on.
+                with self._step_lock:
+                    channel = self._channel
+                    if channel is not None:
+                        channel.supersede()
+        finally:  # a call whose wait ends in an error (close() ran) has waited too
+            waited = time.perf_counter() - began
+            if metrics is not None:
+                metrics["lock_wait_time"] = waited
+            if contended:
+                self._note_contention(waited, metrics)
         if not held:
             if quiet_deadline and deadline is not None:
                 return None

@@ -5,12 +5,15 @@ import asyncio
 import os
 import signal
 import threading
+import time
 
 import pytest
 
 from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess,
-                       VowpalWabbitDummyFormatter, VowpalWabbitNonBlockingProcess,
-                       VowpalWabbitPool)
+                       VowpalWabbitDummyFormatter, VowpalWabbitError,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess)
+
+from conftest import wait_until
 
 
 class _FailsAt(VowpalWabbitDummyFormatter):
@@ -219,3 +222,33 @@ def test_a_call_that_waited_for_another_call_reports_no_leftovers_of_it(cls):
     assert metrics["before_cleanup_pending_lines"] == 0, metrics
     assert metrics["after_cleanup_pending_lines"] == 0
     assert metrics["cleanup_time"] == 0.0
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_a_call_waiting_for_another_when_the_object_closes_reports_the_wait(cls):
+    # Found by a review: a call that waited for another thread's call until
+    # close() ended the wait (it raises that the process is closed) reported
+    # waited_for_other_call 0 and lock_wait_time 0.0 after waiting 0.2 s.
+    metrics = {}
+    seen = []
+    failed = []
+    model = cls(VowpalWabbitDummyFormatter(), ["--quiet"], metrics_hook=seen.append)
+    holding = model.predict("|u a", ["|i b"] * 5000)
+    next(holding)  # this thread holds the object
+
+    def waiting():
+        try:
+            list(model.predict("|u a", ["|i b"] * 10, timeout=30.0, metrics=metrics))
+        except VowpalWabbitError as exc:
+            failed.append(exc)
+
+    other = threading.Thread(target=waiting)
+    other.start()
+    assert wait_until(lambda: model._turn_queue)  # pylint: disable=protected-access
+    time.sleep(0.1)  # it waits for the turn meanwhile
+    model.close()
+    other.join()
+    holding.close()
+    assert failed and "closed" in str(failed[0])
+    assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0, metrics
+    assert [hooked["waited_for_other_call"] for hooked in seen] == [1, 0]
