@@ -3,6 +3,7 @@ for the same lines read from a file (the ground truth every test compares to).""
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import gc
 import json
@@ -272,17 +273,26 @@ class Client:
             self.loop = asyncio.new_event_loop()
 
 
-def in_child(body, limit_s=None):
+def in_child(body, limit_s=None, fork=os.fork):
     """Run ``body()`` in a forked child; return what it printed as JSON (or its error).
 
     :param limit_s: whole seconds after which the child is ended (SIGALRM),
         so that a hang fails the test instead of stopping it
+    :param fork: the function that forks (:func:`unhooked_fork`: one that
+        runs none of Python's at-fork hooks); a child that hangs then
+        reports a ``TimeoutError`` rather than being ended
     """
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    pid = fork()
+    assert pid >= 0
     if pid == 0:  # the child
         os.close(read_end)
         if limit_s is not None:
+            if fork is not os.fork:
+                def hung(*_):
+                    raise TimeoutError(f"the child hung for {limit_s} s")
+
+                signal.signal(signal.SIGALRM, hung)
             signal.alarm(limit_s)
         try:
             result = {"ok": body()}
@@ -300,8 +310,16 @@ def in_child(body, limit_s=None):
         chunks.append(chunk)
     os.close(read_end)
     _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     return json.loads(b"".join(chunks))
+
+
+def unhooked_fork():
+    """The C library's ``fork()``, which runs none of Python's at-fork hooks
+    (as uWSGI forks its workers without ``py-call-uwsgi-fork-hooks``).
+    Called through ``PyDLL``, so that it holds the interpreter lock, as the
+    forking thread would."""
+    return ctypes.PyDLL(None, use_errno=True).fork()
 
 
 def pytest_configure(config: Any) -> None:

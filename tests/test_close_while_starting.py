@@ -58,6 +58,22 @@ def close_and_check(model, starting, timeout=2.0):
     assert [pid for pid in starting if proc_stat(pid) is not None] == []
 
 
+async def close_and_check_async(model, starting, task, timeout=2.0):
+    """:func:`close_and_check` for the asyncio classes; then ``task``, the
+    reload or restart that was starting them, is told that the object was
+    closed."""
+    began = time.perf_counter()
+    await model.close(timeout)
+    assert time.perf_counter() - began < timeout + 0.5
+    assert [pid for pid in starting if proc_stat(pid) is not None] == []
+    outcome = {}
+    try:
+        await asyncio.wait_for(task, 10.0)
+    except Exception as exc:  # pylint: disable=broad-except
+        outcome["error"] = exc
+    assert_told_closed(outcome)
+
+
 @pytest.mark.parametrize("kind", sorted(SYNC))
 def test_close_stops_the_engine_a_reload_is_starting(kind, tmp_path):
     flag, command = slow_starting_engine(tmp_path, SLOW_START_S)
@@ -166,17 +182,7 @@ def test_close_stops_the_engines_an_asyncio_pool_reload_is_starting(tmp_path):
         reloading = asyncio.ensure_future(pool.reload(["--quiet"]))
         while len(new_children(known)) < 2:
             await asyncio.sleep(0.01)
-        starting = new_children(known)
-        began = time.perf_counter()
-        await pool.close(2.0)
-        assert time.perf_counter() - began < 2.0 + 0.5
-        assert [pid for pid in starting if proc_stat(pid) is not None] == []
-        outcome = {}
-        try:
-            await asyncio.wait_for(reloading, 10.0)
-        except Exception as exc:  # pylint: disable=broad-except
-            outcome["error"] = exc
-        assert_told_closed(outcome)
+        await close_and_check_async(pool, new_children(known), reloading)
 
     asyncio.run(asyncio.wait_for(main(), 30.0))
 
@@ -195,16 +201,6 @@ def test_close_stops_the_engine_an_asyncio_process_is_starting(tmp_path, how):
         while not [pid for pid in new_children(known)
                    if (proc_stat(pid) or ["Z"])[0] != "Z"]:
             await asyncio.sleep(0.01)
-        spawned = new_children(known)
-        began = time.perf_counter()
-        await model.close(2.0)
-        assert time.perf_counter() - began < 2.0 + 0.5
-        assert [pid for pid in spawned if proc_stat(pid) is not None] == []
-        outcome = {}
-        try:
-            await asyncio.wait_for(starting, 10.0)
-        except Exception as exc:  # pylint: disable=broad-except
-            outcome["error"] = exc
-        assert_told_closed(outcome)
+        await close_and_check_async(model, new_children(known), starting)
 
     asyncio.run(asyncio.wait_for(main(), 30.0))

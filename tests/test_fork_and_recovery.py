@@ -9,8 +9,6 @@ a call with a deadline late.
 """
 
 import asyncio
-import ctypes
-import json
 import logging
 import os
 import signal
@@ -25,7 +23,8 @@ from subwabbit import (VowpalWabbitDummyFormatter,
                        VowpalWabbitStartupError)
 
 from conftest import (ALL_KINDS, Client, DictFormatter, children_of_this_process, common,
-                      expected_scalars, format_lines, in_child, items, scoring_args)
+                      expected_scalars, format_lines, in_child, items, scoring_args,
+                      unhooked_fork)
 
 SYNC_CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
 SYNC_IDS = ["blocking", "nonblocking"]
@@ -103,34 +102,6 @@ def test_a_living_child_does_not_keep_the_parents_engine_open(trained_model):
         os.waitpid(pid, 0)
 
 
-def in_unhooked_child(body, limit_s=20):
-    """Run ``body()`` in a child made by the C library's ``fork()``, which
-    runs none of Python's at-fork hooks (as uWSGI forks its workers, without
-    ``py-call-osafterfork``); return what it sent back, or its error."""
-    read_end, write_end = os.pipe()
-    # (PyDLL: the fork holds the interpreter lock, as the forking thread would)
-    pid = ctypes.PyDLL(None, use_errno=True).fork()
-    assert pid >= 0, ctypes.get_errno()
-    if pid == 0:  # the child
-        def hung(*_):
-            raise TimeoutError(f"the child hung for {limit_s} s")
-
-        signal.signal(signal.SIGALRM, hung)  # a hang fails the test instead of stopping it
-        signal.alarm(limit_s)
-        try:
-            result = {"ok": body()}
-        except BaseException as exc:  # pylint: disable=broad-except
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        os.write(write_end, json.dumps(result).encode())
-        os._exit(0)  # pylint: disable=protected-access
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as reader:
-        data = reader.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-    return json.loads(data)
-
-
 @pytest.mark.parametrize("kind", ALL_KINDS + ["pool", "asyncio-pool"])
 def test_a_fork_without_pythons_at_fork_hooks_never_uses_the_parents_engines(kind,
                                                                              trained_model,
@@ -153,7 +124,7 @@ def test_a_fork_without_pythons_at_fork_hooks_never_uses_the_parents_engines(kin
             return {"exact": got == pytest.approx(truth[trained_model][4][:500], abs=1e-6),
                     "engines": engines}
 
-        outcome = in_unhooked_child(child)
+        outcome = in_child(child, limit_s=20, fork=unhooked_fork)
         assert "error" not in outcome, outcome
         assert outcome["ok"]["exact"]
         assert not set(outcome["ok"]["engines"]) & set(parents), (outcome, parents)
