@@ -10,7 +10,6 @@ import asyncio
 import collections
 import logging
 import os
-import threading
 import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -26,6 +25,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
 from .engine_process import EngineProcess, shutdown_schedule
+from .starting_engines import StartingEngines
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
@@ -186,9 +186,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._starting: Optional["asyncio.Task[EngineProcess]"] = None
         #: engines spawned for this object and not (yet) its engine (a
         #: reload's or a restart's, starting or waiting for the turn): close() kills them
-        self._unadopted: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
-        #: guards :attr:`_unadopted` (engines are spawned on the executor)
-        self._unadopted_lock = threading.Lock()
+        self._new_engines = StartingEngines()
         #: the spawns on the executor under way (close() waits for them)
         self._spawns: "set[asyncio.Future[EngineProcess]]" = set()
         #: engines reload() replaced, closing in the background: close() ends
@@ -306,8 +304,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                     "started")
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
-        with self._unadopted_lock:
-            self._unadopted.discard(engine)
+        self._new_engines.handed_over([engine])
         self._channel = self._new_channel(engine.started_with_blank)
         self._owner_pid = engine.owner_pid
         self._broken = None
@@ -395,7 +392,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         spawns = [spawn for spawn in self._spawns if spawn.get_loop() is loop]
         if spawns:  # (a few milliseconds)
             await asyncio.wait(spawns, timeout=max(0.0, began + timeout / 4 - _clock()))
-        starting = self._kill_unadopted()
+        # (its spawns were awaited above, on this loop)
+        starting = self._new_engines.kill_all(spawn_wait_s=0.0)
         await self._close_own_engine(began, timeout)
         for engine in starting:  # (their starters close their pipes)
             await self._await_exit(engine, began + timeout)
@@ -425,26 +423,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """Spawn an engine for this object (on the executor), noted for
         close(), or killed at once if close() came first."""
         engine = EngineProcess(argv)
-        with self._unadopted_lock:
-            self._unadopted.add(engine)
-            closed = self._closed
-        if closed:
-            engine.kill()
+        self._new_engines.note(engine)
         return engine
-
-    def _kill_unadopted(self) -> List[EngineProcess]:
-        """For close(): kill the engines started for this object that are
-        not its engine (a reload's or a restart's, starting or waiting for
-        the turn), so that none outlives the object by its start-up time.
-
-        :returns: them
-        """
-        with self._unadopted_lock:
-            engines = [engine for engine in self._unadopted
-                       if engine is not self._engine and engine.owner_pid == os.getpid()]
-        for engine in engines:
-            engine.kill()
-        return engines
 
     async def _close_own_engine(self, began: float, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -599,8 +579,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         finally:  # whatever happens above, the child starts an engine of its own
             self._engine = self._channel = None
             self._starting = None
-            self._unadopted = weakref.WeakSet()
-            self._unadopted_lock = threading.Lock()
+            self._new_engines.reset_in_fork()
             self._spawns = set()
             self._retiring = weakref.WeakSet()
             self._retire_tasks = set()

@@ -13,10 +13,8 @@ Everything here blocks; the asyncio pool runs it on its executor.
 import concurrent.futures
 import logging
 import os
-import subprocess
 import threading
 import time
-import weakref
 from typing import Callable, List, Optional, Sequence
 
 from .core.exchanges import warm_up_lines_usable
@@ -25,6 +23,7 @@ from .engine_process import EngineProcess, lower_for_exit, threads_of
 from .errors import VowpalWabbitError, VowpalWabbitStartupError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
 from .model_file import FileIdentity, file_identity
+from .starting_engines import SPAWN_WAIT_S, StartingEngines, await_exits
 from .sync_driver import check_answers_probe, start_engine, warm_up
 
 logger = logging.getLogger("subwabbit")
@@ -35,10 +34,6 @@ _clock = time.perf_counter
 #: benchmark's model took 7 to 11 ms for its 400 lines (first uses
 #: included); one that is slow per line is warmed on the lines that fit.
 WARM_UP_BUDGET_S = 0.05
-
-#: The longest :meth:`EngineGroup.close` waits for a process being spawned
-#: (fork and exec: milliseconds) to be recorded, so that it kills it too.
-SPAWN_WAIT_S = 1.0
 
 
 class EngineGroup:
@@ -82,7 +77,7 @@ class EngineGroup:
         self.server: Optional[ForkServer] = None
         self._share = share_weights and can_share_weights(argv)
         #: guards :attr:`server` and the closing (held only briefly)
-        self._server_lock = threading.Condition(threading.Lock())
+        self._server_lock = threading.Lock()
         #: held while a replacement starts a new fork server (see
         #: :meth:`_server_for_replacement`)
         self._restart_lock = threading.Lock()
@@ -90,9 +85,7 @@ class EngineGroup:
         #: the processes the group spawned that no pool serves yet (engines
         #: starting or started, a fork server loading the model): close()
         #: kills them (see :meth:`hand_over`)
-        self._unhanded: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
-        #: processes being spawned (fork and exec), guarded by _server_lock
-        self._spawning = 0
+        self._new_engines = StartingEngines()
         #: the model file the engines load, and which file was there when
         #: they loaded it (see :meth:`_check_model_file`)
         self._model_path = model_path
@@ -153,16 +146,13 @@ class EngineGroup:
     def _start_server(self) -> Optional[ForkServer]:
         """Start a fork server that loads the model (``None``: the model
         needs vw's own driver, and the engines load a copy each)."""
-        spawn = self._begin_spawn()
         try:
-            server = ForkServer(self.argv, self.startup_timeout_s,
-                                lambda engine: self._spawned(engine, spawn))
+            with self._new_engines.spawning() as note:
+                server = ForkServer(self.argv, self.startup_timeout_s, note)
         except ForkServerUnavailable:
             logger.info("the model needs vw's own driver: the pool's engines load a copy each")
             self._share = False
             return None
-        finally:
-            self._end_spawn(spawn)
         self.hand_over([server.engine])  # the group's own: close() stops it
         server.on_exit = self._on_engine_exit
         if self.low_priority:
@@ -256,7 +246,7 @@ class EngineGroup:
                     raise
                 continue  # the server is gone or stuck: once more, from a new one
             try:
-                self._spawned(engine)
+                self._new_engines.note(engine)
                 check_answers_probe(engine, self.outputs_per_line, deadline, self.kind)
                 self._warm_up(engine, deadline)
             except BaseException:
@@ -284,12 +274,9 @@ class EngineGroup:
         """Start an engine that loads its own copy of the model, check that
         it answers, and warm it up."""
         deadline = _clock() + self.startup_timeout_s
-        spawn = self._begin_spawn()
-        try:
+        with self._new_engines.spawning() as note:
             engine = start_engine(self.argv, self.outputs_per_line, self.startup_timeout_s,
-                                  lambda engine: self._spawned(engine, spawn), self.kind)
-        finally:
-            self._end_spawn(spawn)
+                                  note, self.kind)
         try:
             self._warm_up(engine, deadline)
         except BaseException:
@@ -312,39 +299,10 @@ class EngineGroup:
             engine.warm_channel = warm_up(engine, lines, self.outputs_per_line, deadline,
                                           budget_end, rounds=4, largest_chunk=2 * len(lines))
 
-    def _begin_spawn(self) -> List[bool]:
-        """Note that a process is being spawned (:meth:`close` waits for
-        it briefly); :meth:`_spawned` or :meth:`_end_spawn` ends it."""
-        with self._server_lock:
-            self._spawning += 1
-        return [True]
-
-    def _end_spawn(self, spawn: Optional[List[bool]]) -> None:
-        with self._server_lock:
-            self._end_spawn_locked(spawn)
-
-    def _end_spawn_locked(self, spawn: Optional[List[bool]]) -> None:
-        if spawn is not None and spawn[0]:
-            spawn[0] = False
-            self._spawning -= 1
-            self._server_lock.notify_all()
-
-    def _spawned(self, engine: EngineProcess, spawn: Optional[List[bool]] = None) -> None:
-        """Note a process the group just spawned (killed at once if the
-        group was closed meanwhile: it must not outlive it)."""
-        with self._server_lock:
-            self._unhanded.add(engine)
-            self._end_spawn_locked(spawn)
-            closed = self._closed
-        if closed:
-            engine.kill()
-
     def hand_over(self, engines: Sequence[EngineProcess]) -> None:
         """The pool serves ``engines`` now (it closes them): :meth:`close`
         leaves them alone."""
-        with self._server_lock:
-            for engine in engines:
-                self._unhanded.discard(engine)
+        self._new_engines.handed_over(engines)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server, if any (its engines are closed one by one),
@@ -354,24 +312,14 @@ class EngineGroup:
         with self._server_lock:
             self._closed = True
             server, self.server = self.server, None
-            # A spawn under way (fork and exec) takes milliseconds: let it end.
-            self._server_lock.wait_for(lambda: not self._spawning,
-                                       max(0.0, min(deadline - _clock(), SPAWN_WAIT_S)))
-            starting = [engine for engine in self._unhanded
-                        if engine.owner_pid == os.getpid()]
-        for engine in starting:
-            engine.kill()
+        # (a spawn under way takes milliseconds: let it end, and kill it too)
+        starting = self._new_engines.kill_all(min(timeout_s, SPAWN_WAIT_S))
         if server is not None:
             try:
                 server.close(timeout_s)
             except VowpalWabbitError as exc:
                 logger.debug("closing the pool's fork server: %s", exc)
-        for engine in starting:  # (their starters close their pipes)
-            try:
-                engine.proc.wait(max(0.0, deadline - _clock()))
-            except subprocess.TimeoutExpired:
-                logger.warning("vw[%d] of a closed engine group was killed but has not "
-                               "exited", engine.pid)
+        await_exits(starting, deadline)  # (their starters close their pipes)
 
     def retire(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server of a model no longer served, at the lowest
@@ -384,10 +332,9 @@ class EngineGroup:
     def abandon_in_fork(self) -> None:
         """In a forked client process: let go of the server without touching it."""
         # (threads of the parent may have held them at the fork)
-        self._server_lock = threading.Condition(threading.Lock())
+        self._server_lock = threading.Lock()
         self._restart_lock = threading.Lock()
-        self._unhanded = weakref.WeakSet()  # the parent's to stop
-        self._spawning = 0
+        self._new_engines.reset_in_fork()  # (the parent's to stop)
         server, self.server = self.server, None
         if server is not None:
             server.abandon_in_fork()

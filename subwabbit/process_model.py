@@ -7,7 +7,6 @@ import collections
 import contextlib
 import logging
 import os
-import subprocess
 import threading
 import time
 import weakref
@@ -25,6 +24,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictEx
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_process import EngineProcess, end_retiring
+from .starting_engines import SPAWN_WAIT_S, StartingEngines, await_exits
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
@@ -37,10 +37,6 @@ logger = logging.getLogger("subwabbit")
 
 # How long a restart gives an engine that already failed to exit before SIGKILL.
 _FAILED_ENGINE_CLOSE_S = 0.5
-
-# The longest close() waits for an engine being spawned (fork and exec:
-# milliseconds) to be recorded, so that it kills it too.
-_SPAWN_WAIT_S = 1.0
 
 
 class _Replacement:
@@ -165,9 +161,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._closing = False
         #: engines spawned for this object and not yet its engine (starting, or
         #: started and waiting to be adopted): close() kills them
-        self._unadopted: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
-        #: starts between their spawn's beginning and its end (guarded by _turn)
-        self._spawning = 0
+        self._new_engines = StartingEngines()
         #: engines reload() replaced, closing in the background (guarded by
         #: _turn): close() ends them
         self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
@@ -199,29 +193,15 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         if argv is None:
             argv, probes_teach = self.argv, self._probes_teach
 
-        spawning = [True]
-
-        def spawn_ended(engine: Optional[EngineProcess]) -> bool:
-            with self._turn:  # against close(), which kills what it finds here
-                if engine is not None:
-                    self._unadopted.add(engine)
-                if spawning[0]:
-                    spawning[0] = False
-                    self._spawning -= 1
-                    self._turn.notify_all()
-                return self._closed
-
-        def spawned(engine: EngineProcess) -> None:
-            if spawn_ended(engine):
-                engine.kill()
-            if on_spawn is not None:
-                on_spawn(engine)
-
-        with self._turn:
-            self._spawning += 1
         try:
-            engine = start_engine(argv, self._outputs_per_line, self.startup_timeout_s, spawned,
-                                  self._probe_kind, blank=probes_teach is not None)
+            with self._new_engines.spawning() as note:
+                def spawned(engine: EngineProcess) -> None:
+                    note(engine)  # (killed there if close() came first)
+                    if on_spawn is not None:
+                        on_spawn(engine)
+
+                engine = start_engine(argv, self._outputs_per_line, self.startup_timeout_s,
+                                      spawned, self._probe_kind, blank=probes_teach is not None)
             try:
                 self._after_start(engine)
             except BaseException:
@@ -231,40 +211,18 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if self._closed:  # close() killed it while it started
                 raise self._closed_while_starting() from exc
             raise
-        finally:
-            spawn_ended(None)  # (it could not be spawned)
         return engine
 
     def _closed_while_starting(self) -> VowpalWabbitError:
         return VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
                                  "started")
 
-    def _kill_unadopted(self, until: float) -> None:
-        """For close(): kill the engines started for this object that are
-        not its engine (a reload's, a restart's or a replacement's, starting
-        or waiting to be adopted), and wait until ``until`` for them to
-        exit, so that none outlives the object by its start-up time. Their
-        starters close their pipes (they may be reading them)."""
-        with self._turn:  # a spawn under way takes milliseconds: let it end
-            self._turn.wait_for(lambda: not self._spawning,
-                                max(0.0, min(until - time.perf_counter(), _SPAWN_WAIT_S)))
-            engines = [engine for engine in self._unadopted
-                       if engine is not self._engine and engine.owner_pid == os.getpid()]
-        for engine in engines:
-            engine.kill()
-        for engine in engines:
-            try:
-                engine.proc.wait(max(0.0, until - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                logger.warning("close(): vw[%d], started for %r, was killed but has not "
-                               "exited", engine.pid, self)
-
     def _adopt(self, engine: EngineProcess) -> None:
         with self._turn:  # against close(), which marks the object closed under it
             closed = self._closed
             if not closed:
                 self._engine = engine
-                self._unadopted.discard(engine)
+                self._new_engines.handed_over([engine])
         if closed:
             # close() ran while this engine started (a restart or a call's
             # replacement held the process, and close() could not wait for it):
@@ -982,7 +940,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 if leave_to_call:
                     self._close_on_turn_end = left
             self._abandon_channel("the process was closed")
-            self._kill_unadopted(began + timeout)
+            # (a spawn under way takes milliseconds: let it end, and kill it too)
+            killed = self._new_engines.kill_all(min(timeout, SPAWN_WAIT_S))
+            await_exits(killed, began + timeout)
             replacement, self._replacement = self._replacement, None
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
@@ -1045,8 +1005,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                                   in_fork=True)
         finally:  # whatever happens above, the child starts an engine of its own
             self._engine = self._channel = self._replacement = None
-            self._unadopted = weakref.WeakSet()
-            self._spawning = 0
+            self._new_engines.reset_in_fork()
             self._retiring = weakref.WeakSet()
             self._closing = self._closed  # (a close() of the parent's does not close the child's)
             self._close_on_turn_end = None
