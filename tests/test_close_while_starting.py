@@ -58,6 +58,20 @@ def close_and_check(model, starting, timeout=2.0):
     assert [pid for pid in starting if proc_stat(pid) is not None] == []
 
 
+def close_while(model, body, known, count=1, settle_s=0.0):
+    """Run ``body()`` (a reload, or a call that restarts the engine) on a
+    thread; once ``count`` new children of this process (not in ``known``)
+    exist, and ``settle_s`` later, close ``model`` (:func:`close_and_check`)
+    and check that ``body`` was told that it was closed."""
+    outcome = {}
+    thread = in_thread(body, outcome)
+    assert wait_until(lambda: len(new_children(known)) >= count, 10.0)
+    time.sleep(settle_s)
+    close_and_check(model, new_children(known))
+    thread.join(10.0)
+    assert_told_closed(outcome)
+
+
 async def close_and_check_async(model, starting, task, timeout=2.0):
     """:func:`close_and_check` for the asyncio classes; then ``task``, the
     reload or restart that was starting them, is told that the object was
@@ -80,12 +94,7 @@ def test_close_stops_the_engine_a_reload_is_starting(kind, tmp_path):
     model = SYNC[kind](DictFormatter(), ["--quiet"], vw_command=command)
     known = children_of_this_process()
     flag.touch()
-    outcome = {}
-    thread = in_thread(lambda: model.reload(["--quiet"]), outcome)
-    assert wait_until(lambda: new_children(known), 10.0)
-    close_and_check(model, new_children(known))
-    thread.join(10.0)
-    assert_told_closed(outcome)
+    close_while(model, lambda: model.reload(["--quiet"]), known)
 
 
 def test_close_stops_the_engine_a_call_is_restarting(tmp_path):
@@ -97,12 +106,7 @@ def test_close_stops_the_engine_a_call_is_restarting(tmp_path):
         list(model.predict(common(1), items(5)))
     known = children_of_this_process()
     flag.touch()
-    outcome = {}
-    thread = in_thread(lambda: list(model.predict(common(1), items(5))), outcome)
-    assert wait_until(lambda: new_children(known), 10.0)
-    close_and_check(model, new_children(known))
-    thread.join(10.0)
-    assert_told_closed(outcome)
+    close_while(model, lambda: list(model.predict(common(1), items(5))), known)
 
 
 def test_a_call_waiting_for_a_replacement_that_close_stops_is_told_closed(tmp_path):
@@ -114,13 +118,8 @@ def test_a_call_waiting_for_a_replacement_that_close_stops_is_told_closed(tmp_pa
     os.kill(model.pid, signal.SIGKILL)
     with pytest.raises(VowpalWabbitError):  # the failure starts the replacement
         list(model.predict(common(1), items(5)))
-    outcome = {}
-    thread = in_thread(lambda: list(model.predict(common(1), items(5))), outcome)
-    assert wait_until(lambda: new_children(known), 10.0)
-    time.sleep(0.2)  # the call waits for the replacement
-    close_and_check(model, new_children(known))
-    thread.join(10.0)
-    assert_told_closed(outcome)
+    # (0.2 s: the call waits for the replacement)
+    close_while(model, lambda: list(model.predict(common(1), items(5))), known, settle_s=0.2)
 
 
 def test_close_stops_the_engines_a_pool_reload_is_starting(tmp_path):
@@ -128,12 +127,7 @@ def test_close_stops_the_engines_a_pool_reload_is_starting(tmp_path):
     pool = VowpalWabbitPool(DictFormatter(), ["--quiet"], size=2, vw_command=command)
     known = children_of_this_process()
     flag.touch()
-    outcome = {}
-    thread = in_thread(lambda: pool.reload(["--quiet"]), outcome)
-    assert wait_until(lambda: len(new_children(known)) == 2, 10.0)
-    close_and_check(pool, new_children(known))
-    thread.join(10.0)
-    assert_told_closed(outcome)
+    close_while(pool, lambda: pool.reload(["--quiet"]), known, count=2)
 
 
 def test_close_stops_the_engine_replacing_a_dead_one_in_a_pool(tmp_path):
