@@ -23,7 +23,7 @@ from .command import VwArgs
 from .core.roster import Slot
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import EngineProcess, end_retiring, retire_quietly
+from .engine_process import EngineProcess, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
@@ -177,7 +177,7 @@ class AsyncVowpalWabbitPool(PoolBase):
             free = self._leave_held_to_their_calls_now(slots)
             closing = hand_off_closing(loop, [slot.engine for slot in free],
                                        self._groups_to_close(), began + timeout)
-            retiring = hand_off(loop, end_retiring, self._retiring_now(), began + timeout)
+            retiring = hand_off(loop, self._retiring.end, began + timeout)
             if retiring is not None:
                 closing.append(retiring)
         if closing:
@@ -203,7 +203,7 @@ class AsyncVowpalWabbitPool(PoolBase):
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
         if slots:
-            self._note_retiring(slots)
+            self._retiring.add([slot.engine for slot in slots])
             loop = asyncio.get_running_loop()
             for slot in slots:
                 hand_off(loop, retire_quietly, slot.engine, timeout)

@@ -11,7 +11,6 @@ import collections
 import logging
 import os
 import time
-import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
@@ -25,7 +24,7 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, Pacing, P
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
 from .engine_process import EngineProcess, shutdown_schedule
-from .starting_engines import StartingEngines
+from .unserved_engines import RetiringEngines, StartingEngines
 from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
@@ -191,7 +190,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._spawns: "set[asyncio.Future[EngineProcess]]" = set()
         #: engines reload() replaced, closing in the background: close() ends
         #: them, and waits for the tasks closing them
-        self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+        self._retiring = RetiringEngines()
         self._retire_tasks: "set[asyncio.Future[None]]" = set()
         self._closing: Optional["asyncio.Future[None]"] = None
         self._ever_started = False
@@ -401,21 +400,15 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
     async def _end_retiring(self, deadline: float) -> None:
         """The engines that reload() replaced are closed in the background
-        within the reload's timeout: those still running are given until
-        shortly before ``deadline`` to finish, then killed (as
-        :func:`~subwabbit.engine_process.end_retiring`, without blocking the loop)."""
-        _, kill_at = shutdown_schedule(deadline, max(0.0, deadline - _clock()))
-        for engine in list(self._retiring):
-            if engine.owner_pid != os.getpid():
-                continue
-            await self._await_exit(engine, kill_at)
-            if engine.returncode is None:
-                logger.warning("close(): vw[%d], replaced by reload(), is still closing; "
-                               "killing it", engine.pid)
-                engine.kill()
-                await self._await_exit(engine, deadline)
+        within the reload's timeout: those still running are ended by
+        ``deadline`` (:meth:`RetiringEngines.end
+        <subwabbit.unserved_engines.RetiringEngines.end>`, off the loop),
+        and the tasks closing them awaited."""
         loop = asyncio.get_running_loop()
+        ending = hand_off(loop, self._retiring.end, deadline)
         tasks = [task for task in self._retire_tasks if task.get_loop() is loop]
+        if ending is not None:
+            tasks.append(ending)
         if tasks:  # (they end as their engines have)
             await asyncio.wait(tasks, timeout=max(0.0, deadline - _clock()))
 
@@ -581,7 +574,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             self._starting = None
             self._new_engines.reset_in_fork()
             self._spawns = set()
-            self._retiring = weakref.WeakSet()
+            self._retiring.reset_in_fork()
             self._retire_tasks = set()
             self._closing = None
             self._broken = None
@@ -1023,7 +1016,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:
-            self._retiring.add(old)
+            self._retiring.add([old])
             task = asyncio.ensure_future(
                 self._retire(old, min(timeout, 0.5) if failed else timeout))
             task.add_done_callback(_log_close_failure)

@@ -23,7 +23,7 @@ from .engine_process import EngineProcess, lower_for_exit, threads_of
 from .errors import VowpalWabbitError, VowpalWabbitStartupError
 from .fork_server import ForkServer, ForkServerUnavailable, can_share_weights
 from .model_file import FileIdentity, file_identity
-from .starting_engines import SPAWN_WAIT_S, StartingEngines, await_exits
+from .unserved_engines import SPAWN_WAIT_S, StartingEngines, await_exits
 from .sync_driver import check_answers_probe, start_engine, warm_up
 
 logger = logging.getLogger("subwabbit")

@@ -763,30 +763,6 @@ class EngineProcess:
             self._reap_in_background()
 
 
-def end_retiring(engines: Sequence[EngineProcess], deadline: float) -> None:
-    """For a client's close(): engines it retired (an old model's, closing
-    on other threads within a reload's timeout) that still run are given
-    until shortly before ``deadline`` (a :func:`time.perf_counter` value;
-    :func:`shutdown_schedule`'s SIGKILL moment) to finish, then killed and
-    waited for until ``deadline``, so that none outlives the client."""
-    _, kill_at = shutdown_schedule(deadline, max(0.0, deadline - time.perf_counter()))
-    for engine in engines:
-        if engine.owner_pid != os.getpid():
-            continue  # a parent's: never touched in a fork
-        try:
-            engine.proc.wait(max(0.0, kill_at - time.perf_counter()))
-            continue
-        except subprocess.TimeoutExpired:
-            pass
-        logger.warning("vw[%d], retired, is still closing as its client closes; killing it",
-                       engine.pid)
-        engine.kill()
-        try:
-            engine.proc.wait(max(0.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            logger.warning("vw[%d] was killed but has not exited", engine.pid)
-
-
 def close_quietly(engine: EngineProcess, timeout: float) -> None:
     """Close an engine, logging (not raising) its failure."""
     try:

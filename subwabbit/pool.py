@@ -22,8 +22,7 @@ from .core.roster import Slot
 from .core.split import Lane
 from .deadlines import required_seconds
 from .engine_group import EngineGroup
-from .engine_process import (SELECT_FD_LIMIT, EngineProcess, close_quietly, end_retiring,
-                             retire_quietly)
+from .engine_process import SELECT_FD_LIMIT, EngineProcess, close_quietly, retire_quietly
 from .errors import VowpalWabbitError
 from .nonblocking import DEFAULT_WRITE_CUTOFF_S
 from .pool_base import (POOL_BATCH_SIZE, POOL_MAX_PENDING_LINES, PoolBase, WaitForEngine,
@@ -152,7 +151,7 @@ class VowpalWabbitPool(PoolBase):
 
     def _close_later(self, slots: List[Slot], timeout: float = 5.0) -> None:
         if slots:
-            self._note_retiring(slots)
+            self._retiring.add([slot.engine for slot in slots])
             threading.Thread(target=_retire_all, args=([slot.engine for slot in slots], timeout),
                              name="subwabbit-pool-close", daemon=True).start()
 
@@ -395,7 +394,7 @@ class VowpalWabbitPool(PoolBase):
             thread.join(max(0.0, deadline - _clock()))
         for group in groups:
             group.close(max(0.0, deadline - _clock()))
-        end_retiring(self._retiring_now(), deadline)
+        self._retiring.end(deadline)
 
     def __enter__(self) -> "VowpalWabbitPool":
         return self

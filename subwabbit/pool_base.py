@@ -15,7 +15,6 @@ engines in the background.
 
 import logging
 import os
-import threading
 import time
 import weakref
 from typing import (Any, Collection, ContextManager, Dict, FrozenSet, Generator, Iterable, List,
@@ -31,6 +30,7 @@ from .cpus import usable_cpus
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
+from .unserved_engines import RetiringEngines
 from .errors import VowpalWabbitBusyError, VowpalWabbitError
 from .model_file import FileIdentity, model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
@@ -212,9 +212,8 @@ class PoolBase(ClientBase):
         #: engines they are starting
         self._all_groups: "weakref.WeakSet[EngineGroup]" = weakref.WeakSet()
         #: engines closing on other threads (an old model's, failed ones):
-        #: close() ends them within its timeout (see :meth:`_note_retiring`)
-        self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
-        self._retiring_lock = threading.Lock()
+        #: close() ends them within its timeout (``_close_later`` adds them)
+        self._retiring = RetiringEngines()
         self._closed = False
         #: counters since the pool was created (see :meth:`stats`)
         self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
@@ -578,17 +577,6 @@ class PoolBase(ClientBase):
                             warm_up_lines, engine_exited, model_path=model_file_path(vw_args))
         self._all_groups.add(group)
         return group
-
-    def _note_retiring(self, slots: List[Slot]) -> None:
-        """Note engines that :meth:`_close_later` closes in the background."""
-        with self._retiring_lock:
-            for slot in slots:
-                self._retiring.add(slot.engine)
-
-    def _retiring_now(self) -> List[EngineProcess]:
-        """The engines closing in the background (for close())."""
-        with self._retiring_lock:
-            return list(self._retiring)
 
     def _groups_to_close(self) -> List[EngineGroup]:
         """The groups close() closes: those in service, and those starting
@@ -1067,8 +1055,7 @@ class PoolBase(ClientBase):
             group.abandon_in_fork()
         self._groups = {}
         self._all_groups = weakref.WeakSet()  # the parent's
-        self._retiring = weakref.WeakSet()
-        self._retiring_lock = threading.Lock()
+        self._retiring.reset_in_fork()
         generation = self._roster.generation
         self._roster = Roster()
         self._roster.generation = generation

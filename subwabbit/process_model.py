@@ -9,7 +9,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from typing import (Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence,
                     Tuple, Union)
 
@@ -23,8 +22,8 @@ from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictEx
                              SendExchange, format_common_part,
                              new_predict_exchange)
 from .deadlines import deadline_from_timeout, required_seconds, warn_if_milliseconds
-from .engine_process import EngineProcess, end_retiring
-from .starting_engines import SPAWN_WAIT_S, StartingEngines, await_exits
+from .engine_process import EngineProcess
+from .unserved_engines import SPAWN_WAIT_S, RetiringEngines, StartingEngines, await_exits
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
@@ -162,9 +161,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         #: engines spawned for this object and not yet its engine (starting, or
         #: started and waiting to be adopted): close() kills them
         self._new_engines = StartingEngines()
-        #: engines reload() replaced, closing in the background (guarded by
-        #: _turn): close() ends them
-        self._retiring: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+        #: engines reload() replaced, closing in the background: close() ends them
+        self._retiring = RetiringEngines()
         #: taken by reload(), so that overlapping reloads switch in the order asked for
         self._reload_lock = FifoLock()
         VowpalWabbitBaseModel.__init__(self, formatter)
@@ -657,8 +655,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         logger.info("reloaded: vw[%s] -> vw[%s] (%s)", old.pid if old else None, engine.pid,
                     " ".join(plan.argv))
         if old is not None and not old.closed:
-            with self._turn:
-                self._retiring.add(old)
+            self._retiring.add([old])
             threading.Thread(target=_close_old_engine,
                              args=(old, min(timeout, _FAILED_ENGINE_CLOSE_S) if failed
                                    else timeout),
@@ -961,16 +958,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         finally:
             if held:
                 self._end_turn(token)
-            self._end_retiring(began + timeout)
-
-    def _end_retiring(self, deadline: float) -> None:
-        """For close(): the engines that reload() replaced are closed in the
-        background, within the reload's timeout; those still running are
-        given until shortly before ``deadline`` to finish, then killed, so
-        that none outlives the object."""
-        with self._turn:
-            engines = list(self._retiring)
-        end_retiring(engines, deadline)
+            self._retiring.end(began + timeout)  # (what reload() replaced)
 
     def __enter__(self) -> "VowpalWabbitProcessModel":
         return self
@@ -1006,7 +994,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         finally:  # whatever happens above, the child starts an engine of its own
             self._engine = self._channel = self._replacement = None
             self._new_engines.reset_in_fork()
-            self._retiring = weakref.WeakSet()
+            self._retiring.reset_in_fork()
             self._closing = self._closed  # (a close() of the parent's does not close the child's)
             self._close_on_turn_end = None
             self._broken = None

@@ -1,5 +1,6 @@
-"""The engines a client has started and does not serve yet, which its
-``close()`` must not leave behind.
+"""The engines a client does not serve, which its ``close()`` must not
+leave behind: those it has started and not yet put in service, and those a
+reload retired that are still closing.
 
 A reload's new engine, a restart's, a replacement for a dead one, a fork
 server loading a pool's model: each is spawned on some thread, takes up to
@@ -8,6 +9,10 @@ its start-up timeout to answer, and only then is put in service. A
 start-up time, and the start that it cuts short fails (the client then says
 that it was closed). The single processes, the asyncio process and a pool's
 engine groups each keep one :class:`StartingEngines`.
+
+The engines a reload (or a pool's failure) took out of service close on
+other threads, within the reload's timeout; ``close()`` ends those still
+running within its own (:class:`RetiringEngines`, one per client).
 """
 
 import contextlib
@@ -19,7 +24,7 @@ import time
 import weakref
 from typing import Callable, Iterator, List, Optional, Sequence
 
-from .engine_process import EngineProcess
+from .engine_process import EngineProcess, shutdown_schedule
 
 logger = logging.getLogger("subwabbit")
 
@@ -124,3 +129,48 @@ def await_exits(engines: Sequence[EngineProcess], until: float) -> None:
         except subprocess.TimeoutExpired:
             logger.warning("vw[%d] was killed as its client closed but has not exited",
                            engine.pid)
+
+
+class RetiringEngines:
+    """Engines a client took out of service that close on other threads.
+
+    Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._engines: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+
+    def add(self, engines: Sequence[EngineProcess]) -> None:
+        """``engines`` are closing in the background from now on."""
+        with self._lock:
+            for engine in engines:
+                self._engines.add(engine)
+
+    def end(self, deadline: float) -> None:
+        """For the client's close() (blocking: the asyncio classes run it on
+        their executor): those still running are given until shortly before
+        ``deadline`` (a :func:`time.perf_counter` value;
+        :func:`~subwabbit.engine_process.shutdown_schedule`'s SIGKILL moment)
+        to finish, then killed and waited for until ``deadline``, so that
+        none outlives the client. A parent's, in a forked child, are left
+        alone."""
+        with self._lock:
+            engines = [engine for engine in self._engines if engine.owner_pid == os.getpid()]
+        _, kill_at = shutdown_schedule(deadline, max(0.0, deadline - time.perf_counter()))
+        for engine in engines:
+            try:
+                engine.proc.wait(max(0.0, kill_at - time.perf_counter()))
+                continue
+            except subprocess.TimeoutExpired:
+                pass
+            logger.warning("vw[%d], retired, is still closing as its client closes; killing it",
+                           engine.pid)
+            engine.kill()
+            await_exits([engine], deadline)
+
+    def reset_in_fork(self) -> None:
+        """In a forked child: the parent's engines are the parent's to stop,
+        and its threads may have held the lock at the fork."""
+        self._lock = threading.Lock()
+        self._engines = weakref.WeakSet()
