@@ -94,7 +94,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         """
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         async with self._start_lock:  # two tasks starting the pool start it once
             if self._in_forked_child():
                 # Made (and perhaps started) in a parent process, started in
@@ -114,7 +114,7 @@ class AsyncVowpalWabbitPool(PoolBase):
                 if self._put_in_service(engines, generation, group=group):
                     self._groups[generation] = group
                 elif self._closed:
-                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                    raise self._closed_error()
                 self._started = True
         return self
 
@@ -322,7 +322,7 @@ class AsyncVowpalWabbitPool(PoolBase):
     def _check_open(self) -> bool:
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._in_forked_child() and not self.restart_after_fork:
             raise self._fork_error()
         if not self._started:  # (in a forked child too: nothing to serve with)

@@ -240,7 +240,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._engine is not None:
             return self
         cancels_before = _cancel_requests()
@@ -250,7 +250,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                         argv=self.argv)
         try:
             if self._closed:
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                raise self._closed_error()
             if self._engine is not None:  # started by whoever had the turn before
                 return self
             starting = self._start_under_way()
@@ -299,8 +299,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             # close() ran while this engine started (it does not wait for a
             # restart's start): the engine must not outlive the object.
             _abort_off_loop(engine)
-            raise VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
-                                    "started")
+            raise self._closed_while_starting()
         self._abandon_channel("the process moved to another engine")
         self._engine = engine
         self._new_engines.handed_over([engine])
@@ -351,8 +350,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         except BaseException as exc:
             _abort_off_loop(engine)
             if self._closed and isinstance(exc, VowpalWabbitError):  # close() killed it
-                raise VowpalWabbitError(f"{type(self).__name__} was closed while its new "
-                                        "engine started") from exc
+                raise self._closed_while_starting() from exc
             raise
         return engine
 
@@ -667,7 +665,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         """
         let_go_after_unhooked_fork()
         if self._closed:  # at once, not after the call in progress
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         began = _clock()
         contended = self._turn.busy
         limit = deadline
@@ -700,7 +698,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                              metrics: Optional[Dict[str, Any]]) -> bool:
         cancels_before = _cancel_requests()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._channel is not None and self._channel.torn and self._broken is None:
             # a call was interrupted between a read or write and its bookkeeping
             self._broken = torn_channel_error()
@@ -974,13 +972,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         # One at a time, in the order asked for: the last one asked for serves
         # (else overlapping reloads switched in the order their engines
         # happened to start, and an older model could stay).
         async with self._reload_turn:
             if self._closed:  # (while an earlier reload ran)
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                raise self._closed_error()
             # The model file's header is read off the event loop.
             plan = await asyncio.get_running_loop().run_in_executor(None, self._plan_reload,
                                                                     vw_args)
@@ -998,7 +996,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             try:
                 if self._closed:
                     _abort_off_loop(engine)
-                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                    raise self._closed_error()
                 try:
                     await self._cancel_start()
                 except BaseException:
@@ -1033,7 +1031,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         began = _clock()
         limit = None if self.io_timeout_s is None else began + self.io_timeout_s
         if not await self._turn.acquire(limit):

@@ -504,6 +504,15 @@ class ClientBase:
             metrics["total_time"] = time.perf_counter() - start
         self._finish_call("train", metrics)
 
+    def _closed_error(self) -> VowpalWabbitError:
+        """What a call on the closed object raises."""
+        return VowpalWabbitError(f"{type(self).__name__} is closed")
+
+    def _closed_while_starting(self) -> VowpalWabbitError:
+        """What a start that close() cut short raises."""
+        return VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
+                                 "started")
+
     # ----------------------------------------------------------------- fork
 
     def _in_forked_child(self) -> bool:

@@ -242,7 +242,7 @@ class VowpalWabbitPool(PoolBase):
     def _check_open(self) -> bool:
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         return self._in_forked_child() and self._start_in_fork()
 
     # ----------------------------------------------------------- not served

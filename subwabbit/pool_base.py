@@ -454,7 +454,7 @@ class PoolBase(ClientBase):
         """
         timeout = required_seconds(timeout, "timeout")
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         return self._plan_reload(vw_args), timeout
 
     def _switch_to(self, group: EngineGroup, engines: List[EngineProcess],
@@ -554,7 +554,6 @@ class PoolBase(ClientBase):
         logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid,
                        str(error), "; starting a replacement" if replacing else "")
 
-
     def _new_group(self, argv: List[str], vw_args: List[str]) -> EngineGroup:
         """The engines of one model, started with ``argv`` (the engine
         command and ``vw_args``)."""
@@ -580,12 +579,10 @@ class PoolBase(ClientBase):
 
     def _groups_to_close(self) -> List[EngineGroup]:
         """The groups close() closes: those in service, and those starting
-        engines (a reload's, a replacement's), whose starts it cuts short."""
-        groups = list(self._groups.values())
-        return groups + [group for group in list(self._all_groups) if group not in groups]
-
-    def _closed_error(self) -> VowpalWabbitError:
-        return VowpalWabbitError(f"{type(self).__name__} is closed")
+        engines (a reload's, a replacement's), whose starts it cuts short:
+        every group made by :meth:`_new_group` and still referred to (those
+        in service are among them)."""
+        return list(self._all_groups)
 
     def _engine_exited(self, pid: int) -> None:
         """A fork server reported that its engine ``pid`` ended (called on
@@ -780,7 +777,7 @@ class PoolBase(ClientBase):
             while True:
                 with self._state_lock():
                     if self._closed:
-                        raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                        raise self._closed_error()
                     stuck = self._take_out_unfit()
                     if not stuck:
                         generation = self._take_first(exchange, total, ticket, deadline)

@@ -211,10 +211,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise
         return engine
 
-    def _closed_while_starting(self) -> VowpalWabbitError:
-        return VowpalWabbitError(f"{type(self).__name__} was closed while its new engine "
-                                 "started")
-
     def _adopt(self, engine: EngineProcess) -> None:
         with self._turn:  # against close(), which marks the object closed under it
             closed = self._closed
@@ -299,7 +295,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
     def _engine_or_raise(self) -> Tuple[EngineProcess, Channel]:
         engine, channel = self._engine, self._channel
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._broken is not None:
             raise VowpalWabbitError(
                 f"the vw engine of this {type(self).__name__} failed earlier and can no longer "
@@ -311,7 +307,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 raise self._fork_error()
             raise VowpalWabbitError(f"{type(self).__name__} has no engine")
         if engine.closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         return engine, channel
 
     def _needs_new_engine(self) -> bool:
@@ -332,7 +328,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         process)."""
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         if self._needs_new_engine():
             if (self._engine is None and self._in_forked_child()
                     and not self.restart_after_fork):
@@ -361,7 +357,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             try:
                 while self._holder is not entry:
                     if self._closed:  # close() wakes the waiting calls
-                        raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                        raise self._closed_error()
                     left = None if wait_until is None else wait_until - time.perf_counter()
                     if left is not None and left <= 0:
                         self._turn_queue.remove(entry)
@@ -616,13 +612,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
         if self._closed:
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         # One at a time, in the order asked for: the last one asked for
         # serves (else two overlapping reloads switched in the order their
         # engines happened to start, and the older model could stay).
         with self._reload_lock:
             if self._closed:  # (while an earlier reload ran)
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                raise self._closed_error()
             plan = self._plan_reload(vw_args)
             engine = self._start_engine(argv=plan.argv, probes_teach=plan.probes_teach)
             began = time.perf_counter()
@@ -638,7 +634,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             try:
                 if self._closed:
                     engine.abort()
-                    raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                    raise self._closed_error()
                 self._fail_if_torn()  # (then the old engine is closed as a failed one)
                 if self._replacement is not None:
                     self._replacement.cancel(timeout)
@@ -678,14 +674,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
         if self._closed:  # at once, not after waiting for a call left holding it
-            raise VowpalWabbitError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
         began = time.perf_counter()
         token = object()
         if not self._wait_for_turn(token, self._turn_limit(began, None)):
             raise self._busy_error(time.perf_counter() - began)
         try:
             if self._closed:
-                raise VowpalWabbitError(f"{type(self).__name__} is closed")
+                raise self._closed_error()
             if self._in_forked_child() and self._engine is None:
                 self._owner_pid = os.getpid()
             self._restart_engine("restart() was called", timeout)
