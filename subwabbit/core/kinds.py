@@ -44,7 +44,7 @@ import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..base import _format_number as _number_text  # a number as vw reads it
-from ..engine.program import option_name
+from ..engine.program import TEST_ONLY_OPTIONS, option_name
 from ..errors import VowpalWabbitProtocolError
 from ..lines import parse_labels, parse_scalar, parse_scalars
 
@@ -1086,6 +1086,12 @@ def learns_by_line_count(options: Sequence[str]) -> bool:
 MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly")
 
 
+def learns(vw_args: Sequence[str]) -> bool:
+    """Whether an engine started with ``vw_args`` learns from labelled
+    lines (no ``-t``/``--testonly``)."""
+    return not any(option_name(token) in TEST_ONLY_OPTIONS for token in vw_args)
+
+
 def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> Optional[str]:
     """The reduction of :data:`MOVED_BY_EVERY_EXAMPLE` that a learning engine
     (no ``-t``) runs, from its arguments or the options saved in the model
@@ -1093,7 +1099,7 @@ def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> 
     and saved without probe examples (see
     :data:`~subwabbit.core.channel.START_BLANK`).
     """
-    if any(option_name(token) in ("-t", "--testonly") for token in vw_args):
+    if not learns(vw_args):
         return None
     for token in list(vw_args) + list(saved_options):
         name = option_name(token)
@@ -1127,14 +1133,14 @@ def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
 
     :raises ValueError: naming the argument
     """
-    learns = not any(option_name(token) in ("-t", "--testonly") for token in vw_args)
+    learning = learns(vw_args)
     for token in vw_args:
         name = option_name(token)
         if name in AUDIT_UNSERVABLE:
             raise ValueError(f"audit_mode cannot serve {name}: vw prints more than one "
                              "audit record per example with it, and how many depends on the "
                              "example")
-        if learns and name in AUDIT_UNSERVABLE_WHILE_LEARNING:
+        if learning and name in AUDIT_UNSERVABLE_WHILE_LEARNING:
             raise ValueError(f"audit_mode cannot serve {name} while it learns: vw prints more "
                              "than one audit record for a labelled line with it; explain "
                              "with -t")

@@ -66,7 +66,8 @@ _clock = time.thread_time
 _DATA_OPTIONS = ("-d", "--data")
 _PREDICTION_OPTIONS = ("-p", "--predictions")
 _FINAL_MODEL_OPTIONS = ("-f", "--final_regressor")
-_TEST_ONLY_OPTIONS = ("-t", "--testonly")
+#: The options that make an engine predict without learning.
+TEST_ONLY_OPTIONS = ("-t", "--testonly")
 _RAW_PREDICTION_OPTIONS = ("-r", "--raw_predictions")
 #: Paths through which vw writes to its stdout.
 _STDOUT_PATHS = frozenset({"stdout", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
@@ -497,7 +498,7 @@ def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
         return None
     loop_args, final_model = chosen
     workspace = _workspace(pylibvw, loop_args)
-    learns = not any(option_name(arg) in _TEST_ONLY_OPTIONS for arg in args)
+    learns = not any(option_name(arg) in TEST_ONLY_OPTIONS for arg in args)
     if not _serves(workspace, pylibvw, learns):
         del workspace  # frees the model; vw's driver loads it again
         return None
