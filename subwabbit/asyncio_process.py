@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import Label
-from .client import (DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook, check_not_text,
+from .client import (DEFAULT_IO_TIMEOUT_S, ClientBase, MetricsHook, check_per_item,
                      let_go_after_unhooked_fork)
 from .command import VwArgs
 from .core.channel import START_BLANK, Channel
@@ -769,7 +769,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         start = _clock()
         deadline = deadline_from_timeout(timeout, start=start)
         warn_if_milliseconds(timeout)
-        check_not_text(items_features, "items_features")
+        check_per_item(items_features, "items_features")
         self._require_predictions("predict")
         metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
         predictions: List[Any] = []

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from functools import partial
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
                     Union)
@@ -163,6 +163,7 @@ class ClientBase:
                    io_timeout_s: Optional[float], restart_on_crash: bool,
                    restart_after_fork: bool, prediction_type: Optional[str] = None) -> None:
         check_formatter_and_batch_size(formatter, batch_size)
+        write_only, audit_mode = flag(write_only, "write_only"), flag(audit_mode, "audit_mode")
         if write_only and audit_mode:
             raise ValueError("write_only and audit_mode exclude each other: audit mode reads "
                              "the engine's output")
@@ -181,15 +182,15 @@ class ClientBase:
         self.prediction_kind, self._counts_lines, self._probes_teach = self._kind_for(
             self.vw_args, audit_mode)
         self.batch_size = batch_size
-        self.write_only = bool(write_only)
-        self.audit_mode = bool(audit_mode)
+        self.write_only = write_only
+        self.audit_mode = audit_mode
         self.metrics_hook = metrics_hook
         self.startup_timeout_s = required_seconds(startup_timeout_s, "startup_timeout_s")
         self.io_timeout_s = validate_seconds(io_timeout_s, "io_timeout_s")
         if self.io_timeout_s == 0:
             raise ValueError("io_timeout_s must be positive, or None for no limit")
-        self.restart_on_crash = bool(restart_on_crash)
-        self.restart_after_fork = bool(restart_after_fork)
+        self.restart_on_crash = flag(restart_on_crash, "restart_on_crash")
+        self.restart_after_fork = flag(restart_after_fork, "restart_after_fork")
         self.vw_command = resolve_engine_command(vw_command)
         self.argv = build_argv(self.vw_command, self.prediction_kind.engine_args(self.vw_args),
                                predictions=not self.write_only, audit=self.audit_mode)
@@ -432,9 +433,10 @@ class ClientBase:
         :returns: one line per item, or, for a multi-line kind, the lines of
             the one example the items make (none without items)
         """
-        check_not_text(items_features, "items_features")
-        check_not_text(labels, "labels")
-        check_not_text(weights, "weights")
+        check_per_item(items_features, "items_features")
+        check_per_item(labels, "labels")
+        if weights is not None:
+            check_per_item(weights, "weights")
         items = list(items_features)
         labels = _take_along(labels, len(items), "labels")
         weighted = weights is not None
@@ -627,18 +629,54 @@ def _release_at_exit() -> None:
 atexit.register(_release_at_exit)
 
 
-def check_not_text(values: Any, name: str) -> None:
-    """Check that a call's ``items_features`` (or ``labels``, ``weights``) is
-    not one string: iterated, it would be one item per character (a
+def check_per_item(values: Any, name: str) -> None:
+    """Check that a call's ``items_features`` (or ``labels``, ``weights``)
+    holds one entry per item: an iterable that is not one string. Iterated,
+    a string would be one item per character (a
     :class:`~subwabbit.base.VowpalWabbitDummyFormatter` would send each
-    character as an example).
+    character as an example); a number or ``None`` would fail later with
+    Python's bare "object is not iterable".
 
-    :raises TypeError: for a ``str``, ``bytes`` or ``bytearray``
+    :raises TypeError: for a ``str``, ``bytes`` or ``bytearray``, or what is
+        not iterable
     """
     if isinstance(values, (str, bytes, bytearray)):
         raise TypeError(f"{name} must hold one entry per item (a list, say), not a "
                         f"{type(values).__name__}, which would be read as one item per "
                         f"character: {values[:40]!r}")
+    if not isinstance(values, Iterable) and not hasattr(values, "__getitem__"):
+        raise TypeError(f"{name} must hold one entry per item (a list, say), not "
+                        f"{type(values).__name__} {_short_repr(values)}")
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def flag(value: Any, name: str) -> bool:
+    """A yes-or-no argument as a ``bool``: ``True``, ``False`` or what equals
+    one of them (``1``, ``0``, NumPy's booleans); ``None`` reads as ``False``,
+    as it always has.
+
+    :raises TypeError: for anything else, a string above all: ``bool("no")``
+        is ``True``
+    """
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    if not isinstance(value, (str, bytes, bytearray)):
+        try:
+            if value == 1:
+                return True
+            if value == 0:
+                return False
+        except (TypeError, ValueError):  # an array, say: no single truth
+            pass
+    raise TypeError(f"{name} must be True or False, not {type(value).__name__} "
+                    f"{_short_repr(value)}")
 
 
 def _check_fillable(value: Any, name: str) -> None:

@@ -20,7 +20,7 @@ import weakref
 from typing import (Any, Collection, ContextManager, Dict, FrozenSet, Generator, Iterable, List,
                     NamedTuple, Optional, Sequence, Union)
 
-from .client import ClientBase, MetricsHook, ReloadPlan, check_not_text
+from .client import ClientBase, MetricsHook, ReloadPlan, check_per_item, flag
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import format_common_part
@@ -191,7 +191,7 @@ class PoolBase(ClientBase):
                                                       write_cutoff_s)
         self.max_pending_lines = max_pending_lines
         self._roster = Roster()
-        self.share_weights = bool(share_weights)
+        self.share_weights = flag(share_weights, "share_weights")
         #: in a forked child: the model file its parent's engines loaded, and
         #: the parent's pid (see :meth:`_check_file_after_fork`)
         self._parent_model_file: Optional[FileIdentity] = None
@@ -204,7 +204,7 @@ class PoolBase(ClientBase):
         #: engine alone: 1,343 and 1,432)
         self.low_priority_engines = (self.size > 1 and self.size + 1 > default_pool_size()
                                      if low_priority_engines is None
-                                     else bool(low_priority_engines))
+                                     else flag(low_priority_engines, "low_priority_engines"))
         #: the engines of each generation still in service
         self._groups: Dict[int, EngineGroup] = {}
         #: every group of this pool still referred to (one a reload is
@@ -715,7 +715,7 @@ class PoolBase(ClientBase):
         start = _clock()
         warn_if_milliseconds(timeout)
         deadline = deadline_from_timeout(timeout, start=start)
-        check_not_text(items_features, "items_features")
+        check_per_item(items_features, "items_features")
         metrics = self._prepare_pool_metrics(metrics)
         results: List[Any] = []
         exchange: Optional[SplitPredictExchange[Slot]] = None

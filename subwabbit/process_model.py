@@ -15,7 +15,7 @@ from typing import (Any, Callable, Deque, Dict, Iterable, Iterator, List, Option
 from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel
 # AUDIT_LINES_PER_EXAMPLE and DEFAULT_IO_TIMEOUT_S stay importable from here, as in 3.0.
 from .client import (AUDIT_LINES_PER_EXAMPLE, DEFAULT_IO_TIMEOUT_S, ClientBase,  # noqa: F401
-                     FifoLock, MetricsHook, check_not_text, let_go_after_unhooked_fork)
+                     FifoLock, MetricsHook, check_per_item, let_go_after_unhooked_fork)
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import (AuditExchange, CleanupExchange, Exchange, PredictExchange,
@@ -698,7 +698,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         start = time.perf_counter()
         deadline = deadline_from_timeout(timeout, start=start)
         warn_if_milliseconds(timeout)
-        check_not_text(items_features, "items_features")
+        check_per_item(items_features, "items_features")
         metrics = self._prepare_metrics(metrics, detailed_metrics, self._detailed_keys)
         return self._predict(start, deadline, common_features, items_features, debug_info,
                              metrics, detailed_metrics)

@@ -209,3 +209,61 @@ def test_one_string_for_the_items_or_the_labels_is_refused_before_anything_is_se
             assert client.predict("", ["|f a", "|f b"]) != fresh
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+def test_items_labels_or_weights_that_are_not_iterable_are_named_in_their_error(kind):
+    """``weights=1.0`` (one weight for every item) and ``labels=None``
+    raised Python's bare "'float' object is not iterable", naming nothing;
+    ``predict("", None)`` did the same."""
+    client = Client(kind, VowpalWabbitDummyFormatter(), ["--quiet"], **sized(kind))
+    try:
+        for value in (None, 5, 1.5):
+            with pytest.raises(TypeError, match=r"^items_features must hold one entry per item"):
+                client.predict("", value)
+        if client.trains:
+            fresh = client.predict("", ["|f a", "|f b"])
+            with pytest.raises(TypeError, match=r"^labels must hold one entry per item.*NoneType"):
+                client.train("", ["|f a", "|f b"], None)
+            with pytest.raises(TypeError, match=r"^weights must hold one entry per item.*float 1\.0"):
+                client.train("", ["|f a", "|f b"], [1, 0], 1.0)
+            assert client.predict("", ["|f a", "|f b"]) == fresh  # nothing was learnt
+            client.train("", ["|f a", "|f b"], [1, 0], None)  # no weights: still allowed
+            assert client.predict("", ["|f a", "|f b"]) != fresh
+    finally:
+        client.close()
+
+
+FLAGS = {"blocking": ["write_only", "audit_mode", "restart_on_crash", "restart_after_fork"],
+         "nonblocking": ["audit_mode", "restart_on_crash", "restart_after_fork"],
+         "asyncio": ["audit_mode", "restart_on_crash", "restart_after_fork"],
+         "pool": ["restart_after_fork", "share_weights", "low_priority_engines"],
+         "asyncio-pool": ["restart_after_fork", "share_weights", "low_priority_engines"]}
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("value", ["no", "False", b"", [], 2])
+def test_a_yes_or_no_setting_that_is_not_true_or_false_is_refused_before_an_engine_starts(
+        kind, value):
+    """They were read with ``bool()``: ``audit_mode="False"`` started an
+    engine in audit mode and ``restart_on_crash="no"`` restarted it."""
+    before = set(children_of_this_process())
+    for name in FLAGS[kind]:
+        with pytest.raises(TypeError, match=f"^{name} must be True or False, not "):
+            Client(kind, DictFormatter(), ["--quiet"], **sized(kind), **{name: value})
+    assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+def test_yes_or_no_settings_take_numbers_and_numpy_booleans(kind):
+    """What equals True or False (1, 0, NumPy's booleans) and None, which
+    ``bool()`` read as False, are still taken, as the bools they stand for."""
+    numpy = pytest.importorskip("numpy")
+    name = FLAGS[kind][-2]
+    for value, meant in ((1, True), (0, False), (numpy.True_, True), (numpy.bool_(False), False),
+                         (None, False), (True, True)):
+        client = Client(kind, DictFormatter(), ["--quiet"], **sized(kind), **{name: value})
+        try:
+            assert getattr(client.model, name) is meant
+        finally:
+            client.close()
