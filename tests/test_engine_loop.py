@@ -437,7 +437,8 @@ def test_the_loop_writes_a_slow_models_answers_as_they_come_not_all_at_the_end(t
 
 
 @pytest.mark.parametrize("env", [LOOP, {engine.DRIVER_ENV_VAR: "vw"}])
-@pytest.mark.parametrize("option", ["-f", "--readable_model", "--invert_hash"])
+@pytest.mark.parametrize("option", ["-f", "--readable_model", "--invert_hash", "-i",
+                                    "--initial_regressor"])
 def test_an_option_left_without_its_value_last_is_refused_as_vw_refuses_it(option, env,
                                                                           tmp_path):
     """vw exits 1 when the last argument is an option that needs a value
@@ -445,7 +446,8 @@ def test_an_option_left_without_its_value_last_is_refused_as_vw_refuses_it(optio
     gave it the next token it passes on itself (``--no_stdin``, which the
     bindings append, or ``--data``), answered the examples, exited 0 and
     left a model named ``--no_stdin`` or ``--data`` in its directory (found
-    by a review)."""
+    by a review); with ``-i`` it said ``can't open: --no_stdin``, an option
+    the caller never gave."""
     done = subprocess.run(default_engine_command() + ["-p", "stdout", "--quiet", option],
                           input=b"1 |a x\n|a x\n", stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, cwd=tmp_path, timeout=60, check=False,

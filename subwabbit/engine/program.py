@@ -481,7 +481,14 @@ def _workspace(pylibvw: Any, args: List[str]) -> Any:
 
     :raises RuntimeError: for such arguments, or any the engine refuses
     """
-    workspace = pylibvw.vw(args)
+    try:
+        workspace = pylibvw.vw(args)
+    except RuntimeError as exc:
+        # An option that opens its value at once (-i) fails on the appended
+        # token before any check below: "can't open: --no_stdin".
+        if args and option_name(args[-1]) is not None and "--no_stdin" in str(exc):
+            raise RuntimeError(f"Expected value for {args[-1]} but found nothing") from exc
+        raise
     for groups in workspace.get_options(lambda *fields: fields, True).values():
         for _, options in groups:
             # (name, help, short name, keep, necessary, allow override, value, ...)
