@@ -154,8 +154,17 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
 
     @property
     def write_timeout_ms(self) -> float:
-        """Deprecated alias of ``write_cutoff_s`` (seconds)."""
+        """Deprecated alias of ``write_cutoff_s`` (seconds); setting it, as
+        subwabbit 2.x allowed between calls, sets ``write_cutoff_s``."""
         return self.write_cutoff_s
+
+    @write_timeout_ms.setter
+    def write_timeout_ms(self, value: float) -> None:
+        warnings.warn("write_timeout_ms is deprecated (it held seconds); use write_cutoff_s",
+                      DeprecationWarning, stacklevel=2)
+        cutoff = validate_seconds(value, "write_timeout_ms", allow_none=False)
+        assert cutoff is not None
+        self.write_cutoff_s = cutoff
 
     def _after_start(self, engine: EngineProcess) -> None:
         if self.pipe_buffer_size_bytes is not None:

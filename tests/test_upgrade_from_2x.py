@@ -100,6 +100,22 @@ def test_numpy_timeouts_and_lazy_weights():
             model.train(USER1, ITEMS, labels=iter([1]), weights=None)
 
 
+def test_write_timeout_ms_can_be_set_between_calls_as_in_2x():
+    """2.x's write_timeout_ms was a plain attribute that each predict read;
+    setting it raised AttributeError (a property without a setter)."""
+    with VowpalWabbitNonBlockingProcess(UserItemFormatter(), ["--quiet"]) as model:
+        with pytest.warns(DeprecationWarning, match="write_cutoff_s"):
+            model.write_timeout_ms = 0.002
+        assert model.write_cutoff_s == model.write_timeout_ms == 0.002
+        assert model._pacing().write_cutoff_s == 0.002  # pylint: disable=protected-access
+        assert len(list(model.predict(USER1, ITEMS, timeout=0.5))) == 3
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            with pytest.raises(ValueError, match="^write_timeout_ms must be"):
+                model.write_timeout_ms = -1
+        assert model.write_cutoff_s == 0.002
+
+
 def test_a_none_label_is_a_value_error():
     with VowpalWabbitProcess(UserItemFormatter(), ["--quiet"]) as model:
         with pytest.raises(ValueError, match=r"labels\[1\] is None"):
