@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - not on Linux
     fcntl = termios = None  # type: ignore[assignment]
 
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError, VowpalWabbitStartupError,
-                     describe_returncode)
+                     VowpalWabbitTimeoutError, describe_returncode)
 
 if TYPE_CHECKING:  # for the annotation of warm_channel only
     from .core.channel import Channel
@@ -580,7 +580,7 @@ class EngineProcess:
         # reaped) is closed by the reader thread when it sees EOF.
         self._stderr.let_go("owner")
 
-    def close(self, timeout_s: float = 30.0) -> Optional[int]:
+    def close(self, timeout_s: float = 30.0, *, final_model: bool = False) -> Optional[int]:
         """Close stdin so that the engine finishes (and writes ``-f`` models),
         discard what it still prints, and reap it; idempotent.
 
@@ -589,12 +589,16 @@ class EngineProcess:
         and a fifth of a second before, at most half and a quarter of
         ``timeout_s``).
 
+        :param final_model: the engine writes a ``-f`` model as it exits: an
+            engine that has to be terminated has not written it, which raises
         :returns: the exit status (``None`` if even SIGKILL did not end the
             engine in time; a background thread then reaps it)
         :raises VowpalWabbitEngineExitedError: when the engine exits with a
             non-zero status of its own after a clean shutdown request, or
             with 0 after reporting an example that stopped it, and no
             earlier error reported its failure
+        :raises VowpalWabbitTimeoutError: with ``final_model``, when the
+            engine had to be terminated (its model is not written)
         """
         if self._closed:
             return self.proc.returncode
@@ -614,7 +618,8 @@ class EngineProcess:
             except OSError:
                 pass
         code = self._wait_until(terminate_at)
-        if code is None:
+        terminate_sent = code is None
+        if terminate_sent:
             self._killed_by_us = True
             logger.warning("vw[%d] did not exit within %.1f s of closing its input; terminating",
                            self.pid, timeout_s - term_margin)
@@ -631,6 +636,14 @@ class EngineProcess:
         if self._stdout_thread is not None:
             self._stdout_thread.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._close_pipes(deadline)
+        if final_model and terminate_sent:
+            # (subwabbit 2.x raised subprocess.TimeoutExpired here: returning
+            # would pass off a missing, or an older, model file as written)
+            raise VowpalWabbitTimeoutError(
+                f"the vw engine did not finish within close()'s timeout of {timeout_s:g} s "
+                "and was terminated: its -f model was not written (or not completely); "
+                "pass close() a longer timeout", argv=self.argv, returncode=code,
+                stderr_tail=self.stderr_tail())
         if code is None:
             return None
         logger.info("vw[%d] %s", self.pid, describe_returncode(code))

@@ -903,6 +903,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
+        :raises VowpalWabbitTimeoutError: when an engine started with
+            ``-f``/``--final_regressor`` had to be terminated before it exited:
+            its model is not written (pass a longer ``timeout``)
         """
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
@@ -940,7 +943,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
-                self._engine.close(max(0.0, timeout - (time.perf_counter() - began)))
+                self._engine.close(max(0.0, timeout - (time.perf_counter() - began)),
+                                   final_model=self._writes_final_model)
             elif left is not None:
                 # An engine that had exited on its own before close() killed
                 # it: its failure is this close()'s to report, as it would be

@@ -8,6 +8,7 @@ and a ``-f`` model left on disk by an object that was never closed.
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -19,6 +20,7 @@ import pytest
 from subwabbit import (VowpalWabbitBaseFormatter, VowpalWabbitError,
                        VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
 from subwabbit.base import VowpalWabbitError as BaseVowpalWabbitError
+from subwabbit.errors import VowpalWabbitTimeoutError
 
 from conftest import expected_scalars
 
@@ -165,6 +167,27 @@ def test_a_dropped_object_leaves_its_final_model_on_disk(tmp_path):
         warnings.simplefilter("ignore", ResourceWarning)
         del model
     assert path.exists() and path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("model_class", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+@pytest.mark.parametrize("final_model", [True, False])
+def test_a_close_that_terminates_an_engine_writing_its_final_model_raises(model_class,
+                                                                           final_model, tmp_path):
+    """2.1.0's close(timeout) raised when vw had not exited in time; a close
+    that had to terminate an engine with -f returned None, the model unwritten.
+    A stopped engine never exits by itself: the close has to kill it."""
+    path = tmp_path / "final.vw"
+    args = ["--quiet", "-f", str(path)] if final_model else ["--quiet"]
+    model = model_class(UserItemFormatter(), args)
+    model.train(USER1, ITEMS, labels=[1, -1, 1])
+    os.kill(model.pid, signal.SIGSTOP)
+    if final_model:
+        with pytest.raises(VowpalWabbitTimeoutError, match="-f model was not written"):
+            model.close(timeout=1.0)
+    else:
+        model.close(timeout=1.0)
+    assert not path.exists()
+    model.close()  # closing twice is harmless, and raises nothing more
 
 
 def test_a_script_that_never_closes_leaves_its_final_model_on_disk(tmp_path):
