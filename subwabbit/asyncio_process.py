@@ -433,7 +433,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                    "engine", self)
                     engine.kill()
             self._abandon_channel("the process was closed")
-            await self._shut_down(engine, max(0.0, began + timeout - _clock()))
+            await self._shut_down(engine, max(0.0, began + timeout - _clock()),
+                                  final_model=self._writes_final_model)
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled (the loop is shutting down), or dropped unfinished
             # with a closed loop (GeneratorExit). A call still on the engine
@@ -482,19 +483,24 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if not starting.cancelled() and starting.exception() is None:
             _abort_off_loop(starting.result())  # it had finished before the cancel
 
-    async def _shut_down(self, engine: EngineProcess, timeout: float) -> None:
+    async def _shut_down(self, engine: EngineProcess, timeout: float, *,
+                         final_model: bool = False) -> None:
         """Close the engine's input so that it finishes, escalating to
         SIGTERM and SIGKILL as :meth:`EngineProcess.close
         <subwabbit.engine_process.EngineProcess.close>` does, but yielding to
         the loop while it waits; returns within ``timeout``.
 
+        :param final_model: the engine writes a ``-f`` model as it exits
         :raises VowpalWabbitEngineExitedError: as ``EngineProcess.close``
+        :raises VowpalWabbitTimeoutError: with ``final_model``, when the
+            engine had to be terminated (its model is not written)
         """
         deadline = _clock() + timeout
         terminate_at, kill_at = shutdown_schedule(deadline, timeout)
         engine.close_input()
         await self._await_exit(engine, terminate_at, drain=True)
-        if engine.returncode is None:
+        terminated = engine.returncode is None
+        if terminated:
             logger.warning("vw[%d] did not exit after its input was closed; terminating",
                            engine.pid)
             engine.terminate()
@@ -503,6 +509,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
             engine.kill()
             await self._await_exit(engine, deadline)
         engine.close(max(0.0, deadline - _clock()))
+        if final_model and terminated:
+            raise engine.final_model_lost(timeout)
 
     async def _retire(self, engine: EngineProcess, timeout: float) -> None:
         """:meth:`_shut_down` an engine that no call uses any more (the one

@@ -580,6 +580,17 @@ class EngineProcess:
         # reaped) is closed by the reader thread when it sees EOF.
         self._stderr.let_go("owner")
 
+    def final_model_lost(self, timeout_s: float) -> VowpalWabbitTimeoutError:
+        """The error of a close that had to terminate an engine started with
+        ``-f``: its model is not written, or not completely. (subwabbit 2.x
+        raised ``subprocess.TimeoutExpired`` there: returning would pass off
+        a missing, or an older, model file as written.)"""
+        return VowpalWabbitTimeoutError(
+            f"the vw engine did not finish within close()'s timeout of {timeout_s:g} s "
+            "and was terminated: its -f model was not written (or not completely); "
+            "pass close() a longer timeout", argv=self.argv, returncode=self.proc.returncode,
+            stderr_tail=self.stderr_tail())
+
     def close(self, timeout_s: float = 30.0, *, final_model: bool = False) -> Optional[int]:
         """Close stdin so that the engine finishes (and writes ``-f`` models),
         discard what it still prints, and reap it; idempotent.
@@ -637,13 +648,7 @@ class EngineProcess:
             self._stdout_thread.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._close_pipes(deadline)
         if final_model and terminate_sent:
-            # (subwabbit 2.x raised subprocess.TimeoutExpired here: returning
-            # would pass off a missing, or an older, model file as written)
-            raise VowpalWabbitTimeoutError(
-                f"the vw engine did not finish within close()'s timeout of {timeout_s:g} s "
-                "and was terminated: its -f model was not written (or not completely); "
-                "pass close() a longer timeout", argv=self.argv, returncode=code,
-                stderr_tail=self.stderr_tail())
+            raise self.final_model_lost(timeout_s)
         if code is None:
             return None
         logger.info("vw[%d] %s", self.pid, describe_returncode(code))

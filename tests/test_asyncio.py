@@ -11,7 +11,8 @@ import pytest
 
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitEngineExitedError, VowpalWabbitError,
-                       VowpalWabbitProtocolError, VowpalWabbitStartupError)
+                       VowpalWabbitProtocolError, VowpalWabbitStartupError,
+                       VowpalWabbitTimeoutError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, children_of_this_process,
                       WideItems, common, expected_for, items, scoring_args, slow_starting_engine,
@@ -558,3 +559,27 @@ def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_p
     # (a call or two that the machine's load left without a line are not what
     # this tests: before, most calls returned nothing)
     assert sum(1 for length in lengths[6:] if length == 0) <= 3, lengths
+
+
+@pytest.mark.parametrize("final_model", [True, False])
+def test_a_close_that_terminates_an_engine_writing_its_final_model_raises(final_model, tmp_path):
+    """As the single processes' close: an engine started with -f that close()
+    had to terminate has not written its model, and close() said nothing
+    (a stopped engine never exits by itself: the close has to kill it)."""
+    path = tmp_path / "final.vw"
+    args = ["--quiet", "-f", str(path)] if final_model else ["--quiet"]
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), args)
+        await model.start()
+        await model.train("", ["|f a", "|f b"], [1, -1])
+        os.kill(model.pid, signal.SIGSTOP)
+        if final_model:
+            with pytest.raises(VowpalWabbitTimeoutError, match="-f model was not written"):
+                await model.close(timeout=1.0)
+        else:
+            await model.close(timeout=1.0)
+        await model.close()  # closing twice is harmless, and raises nothing more
+
+    run(main())
+    assert not path.exists()
