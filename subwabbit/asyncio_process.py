@@ -171,8 +171,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._closed = False
         self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
                                                       write_timeout_ms, write_cutoff_s)
-        self.max_pending_lines = max_pending_lines
-        self.pipe_buffer_size_bytes = pipe_buffer_size_bytes
+        self.max_pending_lines = int(max_pending_lines)
+        self.pipe_buffer_size_bytes = (None if pipe_buffer_size_bytes is None
+                                       else int(pipe_buffer_size_bytes))
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,

@@ -13,6 +13,7 @@ import collections
 import itertools
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -75,14 +76,16 @@ def check_formatter_and_batch_size(formatter: Any, batch_size: Any) -> None:
     """Check a client's ``formatter`` and ``batch_size`` arguments.
 
     :raises TypeError: for a formatter without the formatter methods
-    :raises ValueError: for a ``batch_size`` that is not a positive int
+    :raises ValueError: for a ``batch_size`` that is not a positive int (NumPy's
+        integers are ints here, as in subwabbit 2.x)
     """
     missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
     if missing:
         raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
                         f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
                         f"{', '.join(missing)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
@@ -181,7 +184,7 @@ class ClientBase:
         # and saved without them; None for any other
         self.prediction_kind, self._counts_lines, self._probes_teach = self._kind_for(
             self.vw_args, audit_mode)
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.write_only = write_only
         self.audit_mode = audit_mode
         self.metrics_hook = metrics_hook

@@ -1,5 +1,6 @@
 """The nonblocking model: returns by its deadline, non-blocking pipes (Linux only)."""
 
+import numbers
 import sys
 import warnings
 from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
@@ -51,12 +52,12 @@ def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Opti
                       DeprecationWarning, stacklevel=3)
         write_cutoff_s, name = write_timeout_ms, "write_timeout_ms"
     cutoff = validate_seconds(write_cutoff_s, name, allow_none=False)
-    if isinstance(max_pending_lines, bool) or not isinstance(max_pending_lines, int) \
-            or max_pending_lines < 1:
+    if isinstance(max_pending_lines, bool) \
+            or not isinstance(max_pending_lines, numbers.Integral) or max_pending_lines < 1:
         raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")
     if pipe_buffer_size_bytes is not None and (
             isinstance(pipe_buffer_size_bytes, bool)
-            or not isinstance(pipe_buffer_size_bytes, int)
+            or not isinstance(pipe_buffer_size_bytes, numbers.Integral)
             or not 1 <= pipe_buffer_size_bytes <= MAX_PIPE_SIZE_BYTES):
         raise ValueError(f"pipe_buffer_size_bytes must be a positive int up to "
                          f"{MAX_PIPE_SIZE_BYTES} or None, got {pipe_buffer_size_bytes!r}")
@@ -135,8 +136,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
                                       "use VowpalWabbitProcess")
         self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
                                                       write_timeout_ms, write_cutoff_s)
-        self.max_pending_lines = max_pending_lines
-        self.pipe_buffer_size_bytes = pipe_buffer_size_bytes
+        self.max_pending_lines = int(max_pending_lines)
+        self.pipe_buffer_size_bytes = (None if pipe_buffer_size_bytes is None
+                                       else int(pipe_buffer_size_bytes))
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,

@@ -14,6 +14,7 @@ engines in the background.
 """
 
 import logging
+import numbers
 import os
 import time
 import weakref
@@ -151,9 +152,9 @@ def check_pool_size(size: Optional[int]) -> int:
     """
     if size is None:
         return default_pool_size()
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         raise ValueError(f"size must be a positive int or None, got {size!r}")
-    return size
+    return int(size)
 
 
 def lanes_wanted(remaining: Optional[int], share: int, held: int,
@@ -189,7 +190,7 @@ class PoolBase(ClientBase):
         self.size = check_pool_size(size)
         self.write_cutoff_s = check_deadline_settings(max_pending_lines, None, None,
                                                       write_cutoff_s)
-        self.max_pending_lines = max_pending_lines
+        self.max_pending_lines = int(max_pending_lines)
         self._roster = Roster()
         self.share_weights = flag(share_weights, "share_weights")
         #: in a forked child: the model file its parent's engines loaded, and

@@ -6,6 +6,7 @@ duck-typed and mock formatters, NumPy timeouts, lazy weights, ``vw_process``,
 and a ``-f`` model left on disk by an object that was never closed.
 """
 
+import decimal
 import itertools
 import os
 import signal
@@ -284,3 +285,28 @@ def test_explain_vw_line_takes_a_line_read_from_a_file_as_2x_did(tmp_path):
         async with AsyncVowpalWabbitProcess(UserItemFormatter(), args, audit_mode=True) as model:
             return await model.explain_vw_line("|u u1 |i i2\n")
     assert asyncio.run(explain()) == plain
+
+
+@pytest.mark.parametrize("model_class", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_numpy_integers_as_sizes_and_decimal_labels_are_taken_as_in_2x(model_class):
+    """2.x took ``batch_size=np.int64(2)`` (and the nonblocking class's
+    ``max_pending_lines``), and labels and weights it wrote with ``str()``,
+    ``Decimal`` (a database's NUMERIC column) among them; they were refused,
+    "must be a positive int, got np.int64(2)" and "must be a number, got
+    Decimal('1.5')". A Decimal label teaches what the float teaches."""
+    sizes = ({"max_pending_lines": np.int32(30)}
+             if model_class is VowpalWabbitNonBlockingProcess else {})
+    models = [model_class(UserItemFormatter(), ["--quiet"], batch_size=np.int64(2), **sizes)
+              for _ in range(2)]
+    try:
+        assert models[0].batch_size == 2 and type(models[0].batch_size) is int
+        models[0].train(USER1, ITEMS, [decimal.Decimal("1.5"), decimal.Decimal("-1"), 2],
+                        weights=[decimal.Decimal("0.5"), 1, 1])
+        models[1].train(USER1, ITEMS, [1.5, -1.0, 2], weights=[0.5, 1, 1])
+        first, second = (list(model.predict(USER1, ITEMS)) for model in models)
+        assert first == second and first != [0.0, 0.0, 0.0]
+        with pytest.raises(ValueError, match="must be finite"):
+            models[0].train(USER1, ITEMS[:1], [decimal.Decimal("NaN")])
+    finally:
+        for model in models:
+            model.close()

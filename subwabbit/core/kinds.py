@@ -38,6 +38,7 @@ A tag on the example (the shared line's, for the multi-line kinds) is
 printed after a space, and ignored here. Nothing in this module does I/O.
 """
 
+import decimal
 import math
 import numbers
 import re
@@ -130,7 +131,8 @@ def check_number(value: Any, what: str) -> None:
     if (kind is int or kind is float) and -FLOAT32_MAX <= value <= FLOAT32_MAX and (
             not -_TINY < value < _TINY or value == 0):
         return  # (NaN fails both comparisons)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    # (a Decimal, as a database's NUMERIC column gives, is written as str() writes it)
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise TypeError(f"{what} must be a number, got {value!r}")
     try:
         number = float(value)
