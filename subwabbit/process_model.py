@@ -174,7 +174,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         self._broken: Optional[BaseException] = None
         # (thread id, token) of the call holding the process, guarded by _turn
         self._holder: Optional[Tuple[int, object]] = None
-        self._turn = threading.Condition(threading.Lock())
+        # (reentrant, so that _end_turn can tell when it runs inside a section
+        # of its own thread's: see there)
+        self._turn = threading.Condition(threading.RLock())
         #: (thread id, token) of calls waiting for the process, oldest first
         self._turn_queue: Deque[Tuple[int, object]] = collections.deque()
         #: held while a call works on the channel (a step of its driver), and
@@ -382,6 +384,17 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         return began + self.io_timeout_s
 
     def _end_turn(self, token: object) -> None:
+        if self._turn._is_owned():  # type: ignore[attr-defined]  # pylint: disable=protected-access
+            # A predict() iterator finalized (by the garbage collector) while
+            # this thread is inside a section of the turn's lock: ending the
+            # turn here would change the holder under that section. A thread
+            # of its own ends it once the section lets go of the lock.
+            try:
+                threading.Thread(target=self._end_turn, args=(token,),
+                                 name="subwabbit-end-turn", daemon=True).start()
+            except RuntimeError:  # (interpreter shutdown: no call follows)
+                pass
+            return
         with self._turn:
             if self._holder is None or self._holder[1] is not token:
                 return
@@ -979,7 +992,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             replacement.engine.release()
 
     def _after_fork_in_child(self) -> None:
-        self._turn = threading.Condition(threading.Lock())
+        self._turn = threading.Condition(threading.RLock())
         self._turn_queue = collections.deque()
         self._holder = None
         self._step_lock = threading.Lock()  # (a parent's thread may have held it)

@@ -7,6 +7,7 @@ engine's own predictions."""
 
 import asyncio
 import os
+import sys
 import threading
 import time
 import warnings
@@ -244,3 +245,59 @@ def test_a_call_made_while_another_thread_restarts_waits_for_the_new_engine(
     finally:
         flag.unlink(missing_ok=True)
         model.close()
+
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_an_abandoned_iterator_finalized_while_another_thread_waits_for_the_turn(
+        kind, trained_model, truth):
+    # Found by a review: an iterator left unfinished (in a reference cycle,
+    # say) holds the turn until the garbage collector finalizes it, and its
+    # ``finally`` ends the turn under the turn's lock. The collector runs
+    # where an allocation triggers it, also in another thread while that
+    # thread holds the lock (waiting for the turn, it allocates its queue
+    # entry there): the finalizer then waited for a lock its own thread
+    # held, and that thread, and every later call on the object, hung.
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), io_timeout_s=5.0)
+    abandoned = []
+    parked, finish = threading.Event(), threading.Event()
+
+    def holder():
+        it = model.predict(common(1), items(3000))
+        next(it)  # this thread's call now holds the process
+        abandoned.append(it)
+        del it
+        parked.set()
+        finish.wait(30)  # (alive: the waiter is another thread than the holder)
+
+    begun = threading.Thread(target=holder, daemon=True)
+    begun.start()
+    assert parked.wait(10)
+    outcome = {}
+    lock_held = model._turn._is_owned  # pylint: disable=protected-access
+
+    def finalized_in_the_waiters_section(frame, event, _arg):
+        # The last reference to the abandoned iterator goes (as a collection
+        # would take it) while the waiting thread is in its section of the
+        # turn's lock: at its wait for the turn.
+        if event == "call" and frame.f_code.co_name == "wait" and abandoned and lock_held():
+            abandoned.clear()
+
+    def waiter():
+        sys.setprofile(finalized_in_the_waiters_section)  # (this thread only)
+        try:
+            outcome["got"] = list(model.predict(common(2), items(300)))
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["got"] = exc
+        finally:
+            sys.setprofile(None)
+
+    second = threading.Thread(target=waiter, daemon=True)
+    second.start()
+    second.join(15)
+    finish.set()
+    assert not second.is_alive(), "the waiting call hangs"
+    assert not abandoned, "the iterator was not let go in the waiting thread's section"
+    assert outcome["got"] == pytest.approx(truth[trained_model][2][:300], abs=1e-6)
+    begun.join(10)
+    model.close()
