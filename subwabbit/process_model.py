@@ -436,6 +436,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :returns: the call's token; ``None`` (with ``quiet_deadline``) when
             the deadline passed
         :raises VowpalWabbitBusyError: when the process stayed held too long
+        :raises VowpalWabbitTimeoutError: when the deadline passed while a
+            replacement engine started (without ``quiet_deadline``)
         """
         began = time.perf_counter()
         token = object()
@@ -470,6 +472,10 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 if quiet_deadline and deadline is not None:
                     self._end_turn(token)
                     return None
+                # (not that the engine failed: the replacement goes on starting)
+                raise VowpalWabbitTimeoutError(
+                    "the deadline passed before the new vw engine, starting in the background, "
+                    "was ready; a later call uses it", argv=self.argv)
             self._engine_or_raise()
         except BaseException:
             self._end_turn(token)

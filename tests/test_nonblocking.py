@@ -8,9 +8,10 @@ import time
 import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitError, VowpalWabbitNonBlockingProcess
+from subwabbit.errors import VowpalWabbitTimeoutError
 
 from conftest import (WideItems, deadline_calls, expected_scalars, format_lines, items,
-                      scoring_args, wide_model)
+                      scoring_args, slow_starting_engine, wide_model)
 
 COMMON = {"user": 4, "ctx": ["k3"]}
 
@@ -212,3 +213,34 @@ def test_a_reused_metrics_dict_holds_only_this_calls_metrics(model):
     assert "prepare_time" not in fresh
     assert set(reused) == set(fresh)
     assert reused["before_cleanup_pending_lines"] == fresh["before_cleanup_pending_lines"]
+
+
+def test_a_save_whose_timeout_ends_before_the_replacement_engine_is_ready(formatter,
+                                                                          trained_model, tmp_path):
+    # Found by a review: with restart_on_crash=True the replacement of a
+    # failed engine starts in the background; a save whose timeout ended
+    # before it was ready raised "failed earlier and can no longer be used;
+    # call restart() (or create the process with restart_on_crash=True)",
+    # which it was, and which the next call shows to be untrue.
+    expected = expected_scalars(format_lines(formatter, COMMON, items(50)),
+                                scoring_args(trained_model), tmp_path)
+    flag, command = slow_starting_engine(tmp_path, 1.0)
+    model = VowpalWabbitNonBlockingProcess(formatter, scoring_args(trained_model),
+                                           restart_on_crash=True, vw_command=command)
+    target = tmp_path / "saved.vw"
+    try:
+        flag.touch()  # the replacement starts a second late
+        os.kill(model.pid, signal.SIGKILL)
+        with pytest.raises(VowpalWabbitError):  # finds the engine dead: the replacement starts
+            list(model.predict(COMMON, items(50), timeout=10))
+        with pytest.raises(VowpalWabbitTimeoutError, match="new vw engine"):
+            model.save(str(target), timeout=0.05)
+        assert not target.exists()
+        flag.unlink()
+        model.save(str(target), timeout=60)  # waits for the replacement
+        assert target.stat().st_size > 0
+        assert list(model.predict(COMMON, items(50))) == pytest.approx(expected, abs=1e-6)
+        assert model.restart_count == 1
+    finally:
+        flag.unlink(missing_ok=True)
+        model.close()
