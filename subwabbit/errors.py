@@ -80,7 +80,8 @@ class VowpalWabbitBusyError(VowpalWabbitError):
 class VowpalWabbitProtocolError(VowpalWabbitError):
     """The engine printed something that is not a prediction of the expected
     shape; the process object can no longer tell which prediction is whose and
-    must be closed."""
+    must be restarted (:meth:`~subwabbit.process_model.VowpalWabbitProcessModel.restart`,
+    or ``restart_on_crash=True``) or closed."""
 
 
 #: The exit status of an engine that ended when nobody could learn how: one
