@@ -63,8 +63,9 @@ class VowpalWabbitEngineExitedError(VowpalWabbitError):
 
 
 class VowpalWabbitTimeoutError(VowpalWabbitError):
-    """The engine did not answer within an I/O timeout (``io_timeout_s``, a
-    save's timeout, or the start-up timeout). The engine's output can no
+    """The engine did not answer within an I/O timeout (``io_timeout_s`` or
+    a save's timeout; an engine silent for its whole start-up timeout raises
+    :class:`VowpalWabbitStartupError` instead). The engine's output can no
     longer be matched to the calls that sent input, so the process object
     must be restarted (:meth:`~subwabbit.process_model.VowpalWabbitProcessModel.restart`,
     or ``restart_on_crash=True``) or closed."""
