@@ -30,7 +30,7 @@ from .errors import (VowpalWabbitBusyError, VowpalWabbitEngineExitedError, Vowpa
 from .lines import audit_line, parse_scalar
 from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT_WRITE_CUTOFF_S,
                           check_deadline_settings)
-from .saving import ModelSave
+from .saving import ModelSave, SavePath
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
                        pump, startup_probe, stuck_engine_error, torn_channel_error)
 
@@ -866,7 +866,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             raise VowpalWabbitTimeoutError("the deadline passed before the engine was free",
                                            argv=self.argv)
 
-    async def save(self, path: str, timeout: Optional[float] = None) -> None:
+    async def save(self, path: SavePath, timeout: Optional[float] = None) -> None:
         """Save the model to ``path`` now, atomically, while the engine keeps
         serving (see :meth:`VowpalWabbitProcess.save
         <subwabbit.process_model.VowpalWabbitProcessModel.save>`). A save

@@ -27,7 +27,7 @@ from .unserved_engines import SPAWN_WAIT_S, RetiringEngines, StartingEngines, aw
 from .errors import (VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError,
                      VowpalWabbitTimeoutError)
 from .lines import audit_line, parse_scalar
-from .saving import ModelSave
+from .saving import ModelSave, SavePath
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
 from .transfer import ENGINE_FAILURES, stuck_engine_error, torn_channel_error
@@ -801,7 +801,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     # ---------------------------------------------------- save and explain
 
-    def save(self, path: str, timeout: Optional[float] = None) -> None:
+    def save(self, path: SavePath, timeout: Optional[float] = None) -> None:
         """Save the model to ``path`` now, while the engine keeps running.
 
         The engine writes its model through its ``save_...|`` control example,
@@ -814,7 +814,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
            model scores differently once loaded (``vw -i m -t -f copy`` does the
            same); save from a process without ``-t`` to keep a model intact.
 
-        :param path: where to write the model (parent directories are created)
+        :param path: where to write the model, a ``str``, ``bytes`` or
+            :class:`os.PathLike` path (parent directories are created)
         :param timeout: seconds to wait for the engine; ``None``: no limit but
             ``io_timeout_s`` without progress
         :raises VowpalWabbitError: when the engine fails or times out (a

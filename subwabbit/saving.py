@@ -18,6 +18,9 @@ from .errors import VowpalWabbitError
 
 logger = logging.getLogger("subwabbit")
 
+#: What ``save`` takes as a path (see :class:`ModelSave`).
+SavePath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
 
 class ModelSave:
     """One save: the side file, the control line, and the final rename.
@@ -33,7 +36,7 @@ class ModelSave:
         it cannot write
     """
 
-    def __init__(self, path: "Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]") -> None:
+    def __init__(self, path: SavePath) -> None:
         text = os.fsdecode(path)
         if not text:
             raise ValueError("the path to save the model to is empty")

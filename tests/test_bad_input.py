@@ -6,6 +6,7 @@ import os
 import pathlib
 import signal
 import types
+import typing
 
 import pytest
 
@@ -154,6 +155,17 @@ def test_save_takes_a_path_not_its_repr_and_refuses_none_empty_and_directories(
         assert client.predict(common(3), items(200)) == expected
     finally:
         client.close()
+
+
+def test_save_is_annotated_with_the_paths_it_takes():
+    """``save`` takes ``str``, ``bytes`` and path-like paths (above), but its
+    annotation said ``str``: the API reference showed ``save(path: str)``
+    and mypy refused ``model.save(pathlib.Path(...))``."""
+    from subwabbit import AsyncVowpalWabbitProcess, VowpalWabbitProcess  # pylint: disable=import-outside-toplevel
+    for cls in (VowpalWabbitProcess, AsyncVowpalWabbitProcess):
+        taken = typing.get_args(typing.get_type_hints(cls.save)["path"])
+        assert str in taken and bytes in taken, (cls, taken)
+        assert any(typing.get_origin(hint) is os.PathLike for hint in taken), (cls, taken)
 
 
 @pytest.mark.parametrize("deadline, error", [("soon", TypeError), (True, TypeError),
