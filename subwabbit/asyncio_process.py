@@ -150,7 +150,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
     #: with a model at a few hundred µs a line, up to ``max_pending_lines``
     #: in flight outlasted a 10 ms call and most calls returned nothing.
     #: ``False`` on an instance keeps ``max_pending_lines`` in flight to the
-    #: write cut-off, as subwabbit 3.0 did (benchmarks compare the two).
+    #: write cut-off, as earlier 3.0 code did (benchmarks compare the two).
     reach_at_deadline = True
 
     _detailed_keys = ("sending_bytes", "receiving_bytes", "pending_lines",
