@@ -68,7 +68,12 @@ class VowpalWabbitTimeoutError(VowpalWabbitError):
     :class:`VowpalWabbitStartupError` instead). The engine's output can no
     longer be matched to the calls that sent input, so the process object
     must be restarted (:meth:`~subwabbit.process_model.VowpalWabbitProcessModel.restart`,
-    or ``restart_on_crash=True``) or closed."""
+    or ``restart_on_crash=True``) or closed.
+
+    Also raised, with the object still usable, by a call whose deadline (a
+    save's timeout) passed while a replacement engine was starting in the
+    background (a later call uses it), and by a ``close()`` that had to
+    terminate an engine started with ``-f`` before it wrote its model."""
 
 
 class VowpalWabbitBusyError(VowpalWabbitError):
