@@ -22,7 +22,7 @@ is little-endian on x86-64 and arm64; the sizes are those of 64-bit vw)::
                            port (2 bytes, network order); all ones for the root
 
 Supervision (subwabbit's own, on the same port). A job started by
-:func:`subwabbit.distributed.train` also opens a *control* connection from
+:func:`subwabbit.distributed.train <subwabbit.distributed.job.train>` also opens a *control* connection from
 each node's task, so that the rendezvous knows more than vw tells it::
 
     task -> rendezvous     CONTROL_MAGIC (8 bytes), unique id (8), node (8)
