@@ -383,11 +383,18 @@ def parts_add_no_label_words(common: str, parts: Sequence[str]) -> bool:
     return header is not None and "\t" not in header and not label_words(" " + header + "|")
 
 
+def _cost_parts(word: str) -> List[str]:
+    """The parts vw's contextual-bandit label parser reads in a label word:
+    its ``:``-separated parts, empty ones dropped (two or more: a cost)."""
+    return [part for part in word.split(":") if part]
+
+
 def _check_example_label(line: str, what: str, item: bool) -> None:
     """Check that vw's contextual-bandit label parser takes the label of one
     line of a multi-line example without ending the engine: the shared line
     carries no cost (only ``shared``, or vw's ``shared graph ...``), an item
-    line one at most (``action:cost:probability``, three parts at most)."""
+    line one at most (``action:cost:probability``, three parts at most, not
+    only colons: vw stops on ``::``, a malformed cost)."""
     words = label_words(line)
     if not item:
         if words[1:] and words[1] != "graph":
@@ -400,6 +407,24 @@ def _check_example_label(line: str, what: str, item: bool) -> None:
         raise ValueError(f"{what} has the label {' '.join(words)!r} before its first '|', and "
                          "vw's engine exits on a line of a multi-line example with more than "
                          f"one cost or a cost of more than three parts: {line!r}")
+    if words and not _cost_parts(words[0]):
+        raise ValueError(f"{what} has the label {words[0]!r} before its first '|', which vw "
+                         "reads as a malformed cost, and its engine then stops reading: "
+                         f"{line!r}")
+
+
+def _check_one_cost(lines: Sequence[str], shared_lines: int) -> None:
+    """Check that at most one item line of a multi-line example carries a
+    cost (a label word of two parts or more): vw's engine exits on an
+    example with two, whether a formatter or ``train`` wrote them."""
+    costed = [index - shared_lines for index, line in enumerate(lines)
+              if index >= shared_lines
+              and any(len(_cost_parts(word)) > 1 for word in label_words(line))]
+    if len(costed) > 1:
+        raise ValueError(f"formatted items #{costed[0]} and #{costed[1]} both have a cost "
+                         "before their first '|', and vw's engine exits on a multi-line "
+                         "example with more than one line that has a cost: only the item "
+                         "that was shown is labelled")
 
 
 def check_example_line(line: str, what: str, item: bool = True) -> None:
@@ -458,6 +483,7 @@ def encode_example(lines: Sequence[str]) -> bytes:
                 check_example_line(line, "the shared line", item=False)
             else:
                 check_example_line(line, f"formatted item #{index - shared_lines}")
+        _check_one_cost(lines, shared_lines)
     try:
         return (text + "\n\n").encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -841,6 +841,44 @@ def test_a_label_the_engine_would_exit_on_is_refused_before_anything_is_sent(nam
         client.close()
 
 
+@pytest.mark.parametrize("client_kind", ALL_KINDS + ["pool"])
+@pytest.mark.parametrize("name", ["cb_adf", "cb_explore_adf"])
+def test_item_labels_the_engine_stops_on_are_refused_before_anything_is_sent(name, client_kind,
+                                                                           tmp_path):
+    """vw's engine exits on a multi-line example in which two item lines have
+    a cost ("only one line can have a cost"), whether the formatter wrote both
+    or ``train`` labelled one and the formatter another, and stops reading at
+    an item label of only colons (a malformed cost), having answered the
+    example with fewer actions than it has items. Both used to reach the
+    engine (VowpalWabbitEngineExitedError, VowpalWabbitProtocolError); they
+    are ValueErrors now, and the engine serves on."""
+    kind = KINDS[name]
+    example = ["shared |u a", "|i x", "|i y", ""]
+    for bad in (["shared |u a", "0:1:0.5 |i x", "0:2:0.5 |i y", ""],
+                ["shared |u a", "|i x", ":: |i y", ""]):
+        code, answers = _engine_answers(example + bad + example, kind.args + kind.file_args,
+                                        tmp_path)
+        assert code != 0 or answers.count(b"") < 3  # it exits, or misses an example
+    client = Client(client_kind, VowpalWabbitDummyFormatter(), kind.args + ["--quiet"],
+                    **_one_engine(client_kind))
+    try:
+        before = client.pids()
+        for parts, match in ((["0:1:0.5 |i x", "0:2:0.5 |i y"], r"formatted items #0 and #1 both"),
+                             (["|i x", ":: |i y"], r"formatted item #1 has the label '::'"),
+                             (["|i x", ": |i y"], r"formatted item #1 has the label ':'")):
+            with pytest.raises(ValueError, match=match):
+                client.predict("|u a", parts)
+        if client.trains:
+            with pytest.raises(ValueError, match=r"formatted items #0 and #1 both"):
+                client.train("|u a", ["|i x", "0:2:0.5 |i y"], [(1.0, 0.5), None])
+            # an action without a cost is no cost, nor is '0:' (vw reads it as action 0)
+            client.train("|u a", ["|i x", "1 |i y", "0: |i z"], [(1.0, 0.5), None, None])
+        assert len(client.predict("|u a", ["|i x", "|i y"])) == 2
+        assert client.pids() == before  # never restarted
+    finally:
+        client.close()
+
+
 #: For single-line kinds: common parts whose label words vw would exit on
 #: or misread (checked here against the engine reading them from a file),
 #: and common parts whose label vw reads as written.
