@@ -568,6 +568,27 @@ def test_bad_labels_raise_before_anything_is_sent(client_kind, tmp_path):
         client.close()
 
 
+@pytest.mark.parametrize("client_kind", ALL_KINDS)
+def test_a_cost_sensitive_text_label_with_a_class_twice_is_refused(client_kind):
+    """VW's text for a --csoaa label gives each class once: '2:0 2:5 3:1'
+    used to become {2: 5.0, 3: 1.0} and be sent as '2:5.0 3:1.0', the
+    engine learning that class 2 costs 5, not what was written."""
+    for args, label, twice in ((["--csoaa", "3"], "2:0 2:5 3:1", "'2'"),
+                               (["--csoaa", "3", "--named_labels", "a,b,c"], "b:0 c:1 b:5",
+                                "'b'")):
+        client = Client(client_kind, VowpalWabbitDummyFormatter(), args + ["--quiet"])
+        try:
+            pid = client.pids()
+            with pytest.raises(ValueError, match=rf"labels\[1\] gives the class {twice} twice"):
+                client.train("|u a", ["|i x", "|i y"], [label.split(" ", 1)[1], label])
+            assert client.model.pending_lines == 0
+            # nothing was learnt: the untrained model's first class
+            assert client.predict("|u a", ["|i x"]) == [1 if twice == "'2'" else "a"]
+            assert client.pids() == pid
+        finally:
+            client.close()
+
+
 class BlankItems(DictFormatter):
     """Formats item 13 as an empty part, which would end a multi-line example."""
 

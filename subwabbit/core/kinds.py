@@ -593,10 +593,15 @@ class CostSensitiveKind(MulticlassKind):
             try:
                 if not colon:
                     raise ValueError()
-                costs[klass if self.classes.names is not None else int(klass)] = float(cost)
+                key = klass if self.classes.names is not None else int(klass)
+                value = float(cost)
             except ValueError:
                 raise ValueError(f"{what} must be a dict {{class label: cost}} or VW's text "
                                  f"such as '1:0 2:1', got {text!r}") from None
+            if key in costs:  # a dict would keep the last cost alone
+                raise ValueError(f"{what} gives the class {klass!r} twice, in {text!r}; each "
+                                 "class has one cost")
+            costs[key] = value
         return costs
 
     label_rule = "class:cost words (a class alone: one it may predict), each class once"
