@@ -900,6 +900,43 @@ def test_item_labels_the_engine_stops_on_are_refused_before_anything_is_sent(nam
         client.close()
 
 
+@pytest.mark.parametrize("client_kind", ALL_KINDS + ["pool"])
+def test_an_item_cost_vw_misreads_is_refused_before_it_poisons_the_model(client_kind, tmp_path):
+    """A cost the formatter writes before an item's '|' is checked as
+    train() checks its labels: vw reads a cost of 1e-200 (or 1e39) as an
+    infinity, and a --cb_adf model that learnt from it answers nan for ever;
+    it learns nothing from '0:1' (no probability) or '0:1:0'. Such an item
+    used to reach the engine (a learning predict() made every later answer
+    nan); it is a ValueError now, and the engine serves on."""
+    kind = KINDS["cb_adf"]
+    example = ["shared |u a", "0:1:0.5 |i x", "|i y", ""]
+    poisoned = ["shared |u a", "0:1e-200:0.5 |i x", "|i y", ""]
+    raw = engine_from_file(example + poisoned + ["shared |u a", "|i x", "|i y", ""],
+                           kind.args + kind.file_args, tmp_path)
+    assert b"nan" in raw[-2]  # the engine's answers after it
+    client = Client(client_kind, VowpalWabbitDummyFormatter(), kind.args + ["--quiet"],
+                    **_one_engine(client_kind))
+    try:
+        before = client.pids()
+        for word, problem in (("0:1e-200:0.5", "not action:cost:probability"),
+                              ("0:1e39:0.5", "not action:cost:probability"),
+                              ("0:1:0", r"a probability in \(0, 1\]"),
+                              ("0:1", "a cost but no probability")):
+            with pytest.raises(ValueError, match=rf"formatted item #1 has the label '{word}'.*"
+                                                 rf"{problem}"):
+                client.predict("|u a", ["|i x", f"{word} |i y"])
+            if client.trains:
+                with pytest.raises(ValueError, match=rf"formatted item #0 .*'{word}'"):
+                    client.train("|u a", [f"{word} |i x", "|i y"], [None, (1.0, 0.5)])
+        # a cost vw reads as written is learnt from, as the label train() writes
+        got = client.predict("|u a", ["0:1:0.5 |i x", "|i y"])
+        assert len(got) == 2 and all(value == value for value in got)  # (no nan)
+        assert all(value == value for value in client.predict("|u a", ["|i x", "|i y"]))
+        assert client.pids() == before
+    finally:
+        client.close()
+
+
 #: For single-line kinds: common parts whose label words vw would exit on
 #: or misread (checked here against the engine reading them from a file),
 #: and common parts whose label vw reads as written.

@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from ..base import _format_number as _number_text  # a number as vw reads it
 from ..engine.program import TEST_ONLY_OPTIONS, option_name
 from ..errors import VowpalWabbitProtocolError
-from ..lines import parse_labels, parse_scalar, parse_scalars
+from ..lines import label_words, parse_labels, parse_scalar, parse_scalars
 
 #: ``prediction_type`` values, each naming a kind.
 SCALAR = "scalar"
@@ -951,6 +951,7 @@ class AdfKind(PredictionKind):
         :param item_parts: the results of ``format_item_features``
         :param labels: from :meth:`check_labels`, or ``None`` to predict
         """
+        _check_item_costs(item_parts)
         if labels is None:
             lines = list(item_parts)
         else:
@@ -958,6 +959,33 @@ class AdfKind(PredictionKind):
                      for part, text in zip(item_parts, labels)]
         lines.insert(0, "shared " + common_part if common_part.strip() else "shared |")
         return lines
+
+
+def _check_item_costs(item_parts: List[str]) -> None:
+    """Check the costs that formatted items of a multi-line example carry
+    before their ``|`` (a word of two or more non-empty ``:``-separated
+    parts, as vw's parser reads a cost): ``action:cost:probability`` with
+    numbers vw reads as written and a probability in (0, 1], as ``train``
+    writes for the item shown. vw reads a cost of ``1e-200`` or ``1e39`` as an
+    infinity, after which a ``--cb_adf`` model answers nan for ever, and
+    learns nothing from ``0:1`` (no probability) or ``0:1:0``. (Words of more
+    than three parts are refused by :func:`~subwabbit.lines.encode_example`.)
+
+    :raises ValueError: naming the item
+    """
+    for index, part in enumerate(item_parts):
+        if part[:1] == "|" or not isinstance(part, str):
+            continue
+        for word in label_words(part):
+            parts = word.split(":")
+            if len(parts) > 3 or sum(1 for text in parts if text) < 2:
+                continue
+            problem = (f"{word!r} has a cost but no probability" if len(parts) == 2
+                       else _BanditLabels._cost_problem(word, parts))
+            if problem is not None:
+                raise ValueError(f"formatted item #{index} has the label {word!r} before its "
+                                 f"first '|', which vw does not read as written: {problem}: "
+                                 f"{part!r}")
 
 
 class ExploreAdfKind(AdfKind):
