@@ -1100,9 +1100,20 @@ def _abort_off_loop(engine: EngineProcess,
     """Kill an engine now and reap it (and close its pipes) on the loop's
     executor (``loop``, by default the running one): a killed engine of a
     large model takes milliseconds to go, and one forked by a stopped fork
-    server is not reaped at all."""
+    server is not reaped at all.
+
+    With no loop running (a coroutine dropped unfinished after its loop was
+    closed, and closed by the garbage collector) it is reaped here: no loop
+    will ever run the executor's callback, and nothing waits for a thread.
+    """
     engine.kill()
-    hand_off(loop or asyncio.get_running_loop(), engine.abort)
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            engine.abort()
+            return
+    hand_off(loop, engine.abort)
 
 
 async def _wait_for_pipes(engine: EngineProcess, write: bool, until: Optional[float]) -> None:

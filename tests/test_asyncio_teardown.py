@@ -631,3 +631,53 @@ def test_an_engine_replaced_while_its_closing_is_cut_short_is_still_stopped(trai
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(old, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["reload", "restart"])
+def test_an_engine_being_checked_when_its_loop_is_closed_is_reaped_with_its_pipes(
+        trained_model, truth, tmp_path, how):
+    """The loop is closed (not by ``asyncio.run()``: no task is cancelled)
+    while a reload's or a restart's new engine answers its start-up probe,
+    and the dropped task's coroutine is then closed by the garbage
+    collector. Its clean-up looked for a running loop to reap the engine
+    on: it raised ``RuntimeError`` and left the killed engine a zombie with
+    its pipes open."""
+    flag, command = slow_starting_engine(tmp_path, 3.0)
+    model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model),
+                                     vw_command=command)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(model.start())
+    serving = set(children_of_this_process())
+    flag.write_text("")  # the next engine answers its probe 3 s late
+    task = loop.create_task(model.reload(scoring_args(trained_model)) if how == "reload"
+                            else model.restart())
+
+    async def spawned():
+        while not set(children_of_this_process()) - serving:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # spawned (on the executor): its probe is under way
+
+    loop.run_until_complete(asyncio.wait_for(spawned(), 10.0))
+    new = (set(children_of_this_process()) - serving).pop()
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            loop.close()
+            del task
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert [str(failure.exc_value) for failure in unraisable] == []
+    assert wait_until(lambda: proc_stat(new) is None, 10.0), proc_stat(new)  # reaped
+    flag.unlink()
+
+    async def then():
+        assert await model.predict(common(1), items(3000), timeout=10.0) == \
+            truth[trained_model][1]
+        await model.close()
+
+    asyncio.run(then())
+    assert len(os.listdir("/proc/self/fd")) == fds_before
