@@ -257,13 +257,18 @@ class AsyncVowpalWabbitProcess(ClientBase):
             starting = self._start_under_way()
             if starting is None:
                 starting = self._starting = asyncio.ensure_future(self._start_engine())
+            kept = False
             try:
                 engine = await asyncio.shield(starting)
             except asyncio.CancelledError:
                 self._raise_if_start_stopped(starting, cancels_before)
-                raise  # this task's own cancellation
+                # This task's own cancellation. A start that ended with an
+                # engine just as it came stays for the next call (or close())
+                # to take: dropped, that engine ran on, served by nobody.
+                kept = _gave_engine(starting)
+                raise
             finally:
-                if starting.done():
+                if starting.done() and not kept:
                     self._starting = None
             self._adopt(engine)
         finally:
@@ -1083,8 +1088,13 @@ def _log_close_failure(task: "asyncio.Future[None]") -> None:
 
 def _abort_spawned(spawn: "asyncio.Future[EngineProcess]") -> None:
     """Kill an engine whose start was cancelled while it was being spawned."""
-    if not spawn.cancelled() and spawn.exception() is None:
+    if _gave_engine(spawn):
         _abort_off_loop(spawn.result(), spawn.get_loop())
+
+
+def _gave_engine(start: "asyncio.Future[EngineProcess]") -> bool:
+    """Whether ``start`` (a spawn, or an engine start) has ended with an engine."""
+    return start.done() and not start.cancelled() and start.exception() is None
 
 
 def _cancel_requests() -> int:

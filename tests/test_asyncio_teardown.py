@@ -681,3 +681,31 @@ def test_an_engine_being_checked_when_its_loop_is_closed_is_reaped_with_its_pipe
 
     asyncio.run(then())
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_a_start_cancelled_just_as_its_engine_answered_leaves_it_to_the_next_call(
+        trained_model, truth):
+    """start() is cancelled in the loop turn in which its engine's start
+    ends (the cancellation comes from that start's own done callback, so
+    that it lands between the two). start() dropped the engine it had
+    started: it ran on, served by nobody, after close() and the loop."""
+    before = descendants()
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model))
+        start = asyncio.ensure_future(model.start())
+        while model._starting is None:  # pylint: disable=protected-access
+            await asyncio.sleep(0)
+        model._starting.add_done_callback(lambda _: start.cancel())  # pylint: disable=protected-access
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        started = descendants() - before
+        try:
+            assert await model.predict(common(1), items(3000), timeout=10.0) == \
+                truth[trained_model][1]
+            assert descendants() - before == started  # the call took that engine
+        finally:
+            await model.close()
+
+    asyncio.run(main())
+    assert wait_until(lambda: not descendants() - before, 10.0), descendants() - before
