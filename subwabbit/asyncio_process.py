@@ -484,10 +484,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
             return
         starting.cancel()
         # Waits for the start to end; a cancellation of this task goes on up
-        # (the start's own clean-up stops what it spawned).
-        await asyncio.wait({starting})
-        if not starting.cancelled() and starting.exception() is None:
-            _abort_off_loop(starting.result())  # it had finished before the cancel
+        # (the start's own clean-up stops what it spawned, and one that had
+        # finished is stopped here: nothing else refers to it any more).
+        try:
+            await asyncio.wait({starting})
+        finally:
+            if _gave_engine(starting):
+                _abort_off_loop(starting.result())  # it had finished before the cancel
 
     async def _shut_down(self, engine: EngineProcess, timeout: float, *,
                          final_model: bool = False) -> None:

@@ -709,3 +709,33 @@ def test_a_start_cancelled_just_as_its_engine_answered_leaves_it_to_the_next_cal
 
     asyncio.run(main())
     assert wait_until(lambda: not descendants() - before, 10.0), descendants() - before
+
+
+def test_a_restart_cancelled_while_it_stops_a_finished_start_stops_that_engine(trained_model,
+                                                                               truth):
+    """A call returned at its deadline while the engine started in the
+    background; the start has ended, no call has taken its engine yet, and a
+    restart() is cancelled as it stops that start. The engine was dropped
+    unstopped: it ran on after close() and after the loop."""
+    before = descendants()
+
+    async def main():
+        model = AsyncVowpalWabbitProcess(DictFormatter(), scoring_args(trained_model))
+        try:
+            assert await model.predict(common(1), items(3000), timeout=0.001) == []
+            # (no reference to the start is kept here: the object's are all there are)
+            await asyncio.wait({model._starting}, timeout=30.0)  # pylint: disable=protected-access
+            assert model._starting.done()  # pylint: disable=protected-access
+            restart = asyncio.ensure_future(model.restart())
+            await asyncio.sleep(0)  # it waits for the start it stopped
+            restart.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await restart
+            gc.collect()
+            assert await model.predict(common(2), items(3000), timeout=10.0) == \
+                truth[trained_model][2]
+        finally:
+            await model.close()
+
+    asyncio.run(main())
+    assert wait_until(lambda: not descendants() - before, 10.0), descendants() - before
