@@ -129,8 +129,11 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         :param metrics: filled with ``prepare_time`` (from the call to the first
             line, common features included), ``total_time``, ``num_lines``
             (predictions returned), ``lock_wait_time`` (waiting for another
-            thread's call), ``waited_for_other_call`` (1 when it had to wait) and
-            ``restarts`` (1 when this call restarted a failed engine)
+            thread's call), ``waited_for_other_call`` (1 when it had to wait),
+            ``restarts`` (1 when this call started a new engine: after a failed
+            one, or the first call in a forked child) and ``engine_failures`` (1
+            when its engine failed during it); with a ``metrics_hook``, the hook
+            gets ``method`` (``"predict"``) besides
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``
             tuples: ``generating_lines_time`` (seconds per line, each line's share
             of its batch, as in 2.x), ``sending_lines_time`` and

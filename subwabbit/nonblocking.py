@@ -215,8 +215,11 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
             all answered; new lines are sent meanwhile), ``prepare_time``,
             ``total_time``, ``num_lines``, ``lock_wait_time`` (waiting for
             another thread's call), ``waited_for_other_call`` (1 when it had to
-            wait) and ``restarts`` (1 when this call started or waited for a
-            replacement engine)
+            wait), ``restarts`` (1 when this call started or waited for a
+            replacement engine: after a failed one, or the first call in a
+            forked child) and ``engine_failures`` (1 when its engine failed
+            during it); with a ``metrics_hook``, the hook gets ``method``
+            (``"predict"``) besides
         :param detailed_metrics: filled with lists of ``(perf_counter time, value)``:
             ``sending_bytes``, ``receiving_bytes``, ``pending_lines``,
             ``generating_lines_time``, ``sending_lines_time``, ``receiving_lines_time``
