@@ -357,11 +357,19 @@ class PoolBase(ClientBase):
             exchange.add_lane(slot, slot.channel)
         return generation
 
-    def _take_replacement(self, exchange: SplitPredictExchange[Slot], generation: int) -> bool:
-        """For a call whose engines all failed: take a free engine of its generation."""
+    def _take_replacement(self, exchange: SplitPredictExchange[Slot], generation: int,
+                          ticket: Optional[Ticket] = None) -> bool:
+        """For a call whose engines all failed: take a free engine of its
+        generation, if not due to a call that waited before it.
+
+        :param ticket: the call's place among the waiting calls (``None``:
+            it does not wait yet, and comes after all of them)
+        """
         roster = self._roster
         free = roster.free(generation)
         if not free or generation != roster.generation:
+            return False
+        if len(free) <= roster.ahead_of(ticket, _clock(), exchange.end_at):
             return False
         roster.take(free[0])
         exchange.add_lane(free[0], free[0].channel)
@@ -923,27 +931,46 @@ class PoolBase(ClientBase):
         limit = exchange.end_at
         if limit is None and self.io_timeout_s is not None:
             limit = _clock() + self.io_timeout_s
-        while True:
-            with self._state_lock():
-                if self._closed:  # a call in progress: it ends with what it has
-                    return False
-                if self._take_replacement(exchange, generation):
-                    return True
-                if generation != self._roster.generation:
-                    # A reload replaced the call's model: no engine of it is
-                    # started again, and a call never mixes two models.
-                    if exchange.end_at is not None:
+        roster = self._roster
+        #: its place among the calls waiting for an engine: without one, the
+        #: replacement went to whichever call asked first, and a caller
+        #: calling back to back kept it from this call until its time was up
+        ticket: Optional[Ticket] = None
+        try:
+            while True:
+                with self._state_lock():
+                    if self._closed:  # a call in progress: it ends with what it has
                         return False
-                    raise VowpalWabbitError(
-                        "the engines of the model this call began on failed, and a reload "
-                        "has replaced that model since: call again to be served by the new "
-                        "one")
-                if limit is not None and _clock() >= limit:
-                    if exchange.end_at is None:
-                        raise self._no_engine_error(None)
-                    return False
-                version = self._roster.version
-            yield WaitForEngine(version, limit)
+                    if self._take_replacement(exchange, generation, ticket):
+                        return True
+                    if generation != roster.generation:
+                        # A reload replaced the call's model: no engine of it is
+                        # started again, and a call never mixes two models.
+                        if exchange.end_at is not None:
+                            return False
+                        raise VowpalWabbitError(
+                            "the engines of the model this call began on failed, and a "
+                            "reload has replaced that model since: call again to be served "
+                            "by the new one")
+                    if limit is not None and _clock() >= limit:
+                        if exchange.end_at is None:
+                            raise self._no_engine_error(None)
+                        return False
+                    if ticket is None:
+                        # First among the calls after it, as a call that
+                        # waits for its first engine (see _first_engines).
+                        now = _clock()
+                        ticket = roster.wait(
+                            None if exchange.end_at is None
+                            else now + (exchange.end_at - now) * self.waiting_precedence,
+                            exchange.end_at)
+                    version = roster.version
+                yield WaitForEngine(version, limit)
+        finally:
+            if ticket is not None:
+                with self._state_lock():
+                    roster.stop_waiting(ticket)
+                    self._changed()
 
     def _take_out_unfit(self) -> "List[tuple[Slot, Optional[BaseException]]]":
         """Free engines that a call must not take, taken out of service (with

@@ -492,6 +492,40 @@ def test_an_engine_killed_during_a_call_costs_no_prediction(trained_model, truth
         assert metrics["engine_failures"] == 1
 
 
+def test_a_call_whose_engine_died_comes_before_later_calls_for_the_replacement(
+        trained_model, truth):
+    # A call whose engines all failed waited for a replacement without a
+    # place among the waiting calls: a call that came after it took the
+    # replacement first. Under calls made back to back (four threads, 5 s),
+    # a call without a deadline raised VowpalWabbitBusyError ("none was
+    # replaced within io_timeout_s") while 400 later calls were served.
+    from subwabbit.pool import _wait_for_lanes
+    from subwabbit.pool_base import WaitForEngine, WaitForPipes
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1,
+                          io_timeout_s=10.0) as pool:
+
+        def killing_items():
+            for index, item in enumerate(items(3000)):
+                if index == 600:
+                    os.kill(pool.engine_pids()[0], signal.SIGKILL)
+                yield item
+
+        metrics = {}
+        flow = pool._predict_flow(common(1), killing_items(), None, None, metrics)
+        wait = next(flow)
+        while not isinstance(wait, WaitForEngine):  # (until its engine has failed)
+            wait = (flow.send(_wait_for_lanes(wait.lanes, wait.until))
+                    if isinstance(wait, WaitForPipes) else next(flow))
+        assert wait_until(lambda: pool.stats()["engines_replaced"] == 1)
+        later = {}
+        assert pool.predict(common(2), items(300), timeout=0.2, metrics=later) == []
+        assert later["waited_for_other_call"] == 1
+        assert _drive(flow, wait) == truth[trained_model][1]
+        assert metrics["engine_failures"] == 1 and metrics["model_generation"] == 0
+        assert pool.predict(common(2), items(300)) == truth[trained_model][2][:300]
+        assert pool.stats()["engines_busy"] == 0 and pool._roster.waiting == 0
+
+
 def _drive(flow, wait):
     """Drive a pool call's flow to its end as the thread pool does (with one
     engine per call for itself: it never waits for another)."""
