@@ -205,6 +205,10 @@ class ForkServer:
     def _first_message(self, timeout_s: float) -> bytes:
         ready, _, _ = select.select([self._sock], [], [], timeout_s)
         if not ready:
+            # Killed, not asked to exit: it serves nothing and has nothing to
+            # save, and a server stuck loading (or stopped) took the close's
+            # whole schedule, 4 s past startup_timeout_s, to be terminated.
+            self.engine.kill()
             self.close()
             raise VowpalWabbitStartupError(
                 f"the vw engine did not load the model within {timeout_s:g} s",

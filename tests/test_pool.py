@@ -881,6 +881,43 @@ def test_engines_are_forked_from_one_process_that_loaded_the_model(trained_model
         assert pool.predict(common(0), items(3000)) == truth[trained_model][0]
 
 
+def test_a_reload_whose_fork_server_does_not_load_in_time_fails_within_its_timeout(
+        trained_model, second_model, truth):
+    # A fork server that had not loaded the model within startup_timeout_s
+    # was closed as one that serves: its input closed, SIGTERM a second
+    # before 5 s, and the reload raised 4 s after its timeout (stopped here
+    # as soon as it is spawned, as one stuck loading the model).
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          startup_timeout_s=1.0) as pool:
+        before = set(children_of_this_process())
+        stopped = []
+        reloading = threading.Event()
+
+        def stop_new_servers():
+            while reloading.is_set():
+                for pid in set(children_of_this_process()) - before - set(stopped):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                time.sleep(0.001)
+
+        reloading.set()
+        watcher = threading.Thread(target=stop_new_servers)
+        watcher.start()
+        began = time.perf_counter()
+        try:
+            with pytest.raises(VowpalWabbitStartupError, match="did not load the model within"):
+                pool.reload(scoring_args(second_model))
+            took = time.perf_counter() - began
+        finally:
+            reloading.clear()
+            watcher.join()
+        assert len(stopped) == 1
+        assert took < 1.0 + 0.5, took
+        assert process_gone(stopped[0], 1.0)
+        assert pool.generation == 0
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+
 def _pool_with_a_dead_fork_server(model):
     pool = VowpalWabbitPool(DictFormatter(), scoring_args(model), size=2)
     server = pool._groups[0].server  # pylint: disable=protected-access
