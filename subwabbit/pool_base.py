@@ -793,13 +793,7 @@ class PoolBase(ClientBase):
                         if generation is not None:
                             return generation
                         if ticket is None:
-                            # First among the calls after it for a part of its
-                            # time (see Roster): a call without a deadline for
-                            # as long as it waits.
-                            ticket = roster.wait(
-                                None if deadline is None
-                                else start + (deadline - start) * self.waiting_precedence,
-                                deadline)
+                            ticket = self._start_waiting(start, deadline)
                             self._counters["waited_for_engine"] += 1
                         if limit is not None and _clock() >= limit:
                             if deadline is not None:
@@ -813,14 +807,28 @@ class PoolBase(ClientBase):
                 if not stuck:
                     yield WaitForEngine(version, limit)
         finally:
-            if ticket is not None:
-                with self._state_lock():
-                    roster.stop_waiting(ticket)
-                    self._changed()
+            self._stop_waiting(ticket)
             if metrics is not None:
                 metrics["lock_wait_time"] = _clock() - began
                 if ticket is not None:
                     metrics["waited_for_other_call"] = 1
+
+    def _start_waiting(self, now: float, deadline: Optional[float]) -> Ticket:
+        """A call's place among the calls waiting for an engine (with the
+        state lock held): first among the calls after it for a part of its
+        time (:attr:`waiting_precedence`; see
+        :class:`~subwabbit.core.roster.Roster`), a call without a deadline for
+        as long as it waits."""
+        return self._roster.wait(
+            None if deadline is None else now + (deadline - now) * self.waiting_precedence,
+            deadline)
+
+    def _stop_waiting(self, ticket: Optional[Ticket]) -> None:
+        """Give up a call's place among the waiting calls, if it has one."""
+        if ticket is not None:
+            with self._state_lock():
+                self._roster.stop_waiting(ticket)
+                self._changed()
 
     def _serve(self, exchange: SplitPredictExchange[Slot], total: Optional[int], generation: int,
                results: List[Any]) -> Generator[Wait, Readable, int]:
@@ -957,20 +965,12 @@ class PoolBase(ClientBase):
                             raise self._no_engine_error(None)
                         return False
                     if ticket is None:
-                        # First among the calls after it, as a call that
-                        # waits for its first engine (see _first_engines).
-                        now = _clock()
-                        ticket = roster.wait(
-                            None if exchange.end_at is None
-                            else now + (exchange.end_at - now) * self.waiting_precedence,
-                            exchange.end_at)
+                        # as a call that waits for its first engine
+                        ticket = self._start_waiting(_clock(), exchange.end_at)
                     version = roster.version
                 yield WaitForEngine(version, limit)
         finally:
-            if ticket is not None:
-                with self._state_lock():
-                    roster.stop_waiting(ticket)
-                    self._changed()
+            self._stop_waiting(ticket)
 
     def _take_out_unfit(self) -> "List[tuple[Slot, Optional[BaseException]]]":
         """Free engines that a call must not take, taken out of service (with
