@@ -765,6 +765,43 @@ def test_a_node_that_never_reaches_the_rendezvous_times_the_job_out(cluster3, ca
     assert run_job(cluster3, split(calls, 3), VowpalWabbitDummyFormatter(), ARGS).lines > 0
 
 
+def test_a_client_closed_mid_job_fails_it_with_a_training_error(calls, rendezvous_log):
+    """Closing the client while the job runs (its tasks are then cancelled)
+    raised distributed's ClosedClientError("Client is closed. Can't send
+    cancel-keys message.") from the clean-up, instead of the job's
+    DistributedTrainingError."""
+    shards: List[Any] = split(calls, 2)
+    shards[0] = StallingShard(shards[0])
+    StallingShard.release.clear()
+    outcome: Dict[str, Any] = {}
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                      dashboard_address="127.0.0.1:0") as cluster, \
+                distributed.Client(cluster) as client:
+
+            def run():
+                try:
+                    run_job(client, shards, VowpalWabbitDummyFormatter(), ARGS, timeout_s=60)
+                except BaseException as exc:  # pylint: disable=broad-except
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    rendezvous_log and rendezvous_log[-1].snapshot()[1].engine_at is not None):
+                time.sleep(0.05)
+            assert rendezvous_log[-1].snapshot()[1].engine_at is not None  # mid-job
+            client.close()
+            thread.join(30)
+            assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), DistributedTrainingError), outcome
+        assert "cancelled" in str(outcome["error"])
+        assert_nothing_left(rendezvous_log[-1])
+    finally:
+        StallingShard.release.set()
+
+
 def test_an_unreachable_rendezvous_fails_every_node_at_once(cluster2, calls, monkeypatch):
     class Misaddressed(Rendezvous):  # the nodes are told a port where nothing listens
         def __init__(self, *args, **kwargs):

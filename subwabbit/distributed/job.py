@@ -355,7 +355,12 @@ def _stop(distributed: Any, client: Any, rendezvous: Rendezvous, futures: List[A
         except Exception:  # pylint: disable=broad-except  (distributed's TimeoutError)
             pass
         _attach_node_error(error, futures)
-    client.cancel(futures)
+    try:
+        client.cancel(futures)
+    except Exception as exc:  # pylint: disable=broad-except  (a closed client)
+        # The job's own error says what happened; a client closed mid-job
+        # (its tasks were cancelled with it) cannot cancel them again.
+        logger.debug("the job's tasks could not be cancelled: %s", exc)
 
 
 def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_args: VwArgs,
