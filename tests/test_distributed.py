@@ -905,6 +905,22 @@ def test_nodes_without_holdout_examples_fail_saying_why_there_is_no_model(cluste
     assert result.lines == 12 and result.models[0]
 
 
+@pytest.mark.parametrize("learner", [["--ftrl"], ["--ksvm"]], ids=["ftrl", "ksvm"])
+def test_a_learner_that_never_averages_fails_the_job_instead_of_writing_one_nodes_model(
+        cluster2, calls, tmp_path, rendezvous_log, learner):
+    """vw's FTRL (and --coin, --pistol, --OjaNewton, --svrg, --ksvm) never
+    sums over AllReduce: each engine learnt its own shard, exited without
+    coming to the rendezvous, and the job ended with a bare AssertionError
+    (under python -O it would have written node 0's model of half the data)."""
+    with pytest.raises(DistributedTrainingError, match="none ever reached the rendezvous") as caught:
+        train(cluster2, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS + learner,
+              tmp_path / "model.vw", timeout_s=60)
+    assert caught.value.node is None
+    assert "does not average over AllReduce" in caught.value.reason
+    assert os.listdir(tmp_path) == []
+    assert_nothing_left(rendezvous_log[-1])
+
+
 def test_a_model_path_that_is_a_directory_fails_before_the_job(monkeypatch, tmp_path):
     def job_ran(*args, **kwargs):
         raise AssertionError("the job ran before model_path was checked")

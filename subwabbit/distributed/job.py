@@ -210,7 +210,8 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         lays out and checks its training lines
     :returns: the job's result
     :raises DistributedTrainingError: when a node fails or the job runs out
-        of time; every node's engine is stopped first
+        of time (every node's engine is stopped first), or when the nodes
+        finished without averaging (a learner that does not use AllReduce)
     :raises ValueError: for arguments the job (or its nodes) cannot use, or a cluster
         without workers; before anything is sent to the cluster
     :raises TypeError: for shards that are not iterables, or a formatter without the
@@ -259,7 +260,8 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         tree_formed_at = rendezvous.tree_formed_at
     finally:
         rendezvous.close(abort=not succeeded)
-    assert tree_formed_at is not None
+    if tree_formed_at is None:
+        raise _never_averaged(states)
     reports.sort(key=lambda report: report.node)
     models = {report.node: report.model for report in reports if report.model is not None}
     for report in reports:
@@ -328,6 +330,19 @@ def _job_error(rendezvous: Rendezvous) -> DistributedTrainingError:
     return DistributedTrainingError(message, node=node, reason=reason, node_states=states)
 
 
+def _never_averaged(states: List[NodeState]) -> DistributedTrainingError:
+    """Every node finished, but no engine came to the rendezvous: each learnt
+    its own shard alone, and node 0's model is not the job's."""
+    reason = ("every node's engine finished, but none ever reached the rendezvous: the "
+              "learner in vw_args does not average over AllReduce (vw's --ftrl, --coin, "
+              "--pistol, --OjaNewton, --svrg and --ksvm do not), so each node learnt its "
+              "own shard alone; no model is returned")
+    node_states = [f"node {state.node}: {state.describe()}" for state in states]
+    return DistributedTrainingError(f"distributed training failed: {reason}\n"
+                                    + "\n".join(node_states), reason=reason,
+                                    node_states=node_states)
+
+
 def _attach_node_error(error: DistributedTrainingError, futures: List[Any]) -> None:
     """Chain the failed node's own exception (with its remote traceback)."""
     if error.node is None or error.__cause__ is not None or error.node >= len(futures) \
@@ -386,8 +401,8 @@ def train(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_arg
         ``rendezvous_port``, ``vw_command``, ``batch_size``, ``reproducible``,
         ``prediction_type``)
     :returns: ``model_path``
-    :raises DistributedTrainingError: when a node fails or the job runs out
-        of time (no model is written)
+    :raises DistributedTrainingError: when a node fails, the job runs out
+        of time, or the nodes finished without averaging (no model is written)
     :raises OSError: when no file can be written beside ``model_path``, or
         the rendezvous cannot listen on its port, before the job starts
     """
