@@ -447,12 +447,17 @@ def test_test_only_is_refused(option):
 @pytest.mark.parametrize("bad,error", [
     (dict(batch_size=0), ValueError), (dict(prediction_type="zzz"), ValueError),
     (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError),
-    (dict(vw_args=ARGS + ["--oaa", "3"], prediction_type="cb_explore_adf"), ValueError)],
+    (dict(vw_args=ARGS + ["--oaa", "3"], prediction_type="cb_explore_adf"), ValueError),
+    (dict(rendezvous_port=70000), ValueError), (dict(rendezvous_port=-1), ValueError),
+    (dict(rendezvous_port=True), TypeError), (dict(rendezvous_port="26600"), TypeError)],
     ids=["batch_size", "prediction_type", "formatter", "unservable-reduction",
-         "prediction_type-contradicting-vw_args"])
+         "prediction_type-contradicting-vw_args", "rendezvous_port-above-65535",
+         "rendezvous_port-negative", "rendezvous_port-bool", "rendezvous_port-str"])
 def test_arguments_the_nodes_would_refuse_are_refused_before_the_job(bad, error):
     """Not by every node on the cluster, as a DistributedTrainingError (found
-    by a review): the client is not even asked for its workers."""
+    by a review): the client is not even asked for its workers. A rendezvous
+    port out of range raised OverflowError("bind(): port must be 0-65535."),
+    not the documented ValueError, and True listened on port 1."""
     arguments = dict(formatter=VowpalWabbitDummyFormatter(), vw_args=ARGS)
     arguments.update(bad)
     options = {name: value for name, value in bad.items()

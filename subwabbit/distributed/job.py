@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import logging
+import numbers
 import os
 import secrets
 import time
@@ -122,6 +123,17 @@ def _check_node_options(formatter: Any, tokens: List[str], batch_size: Any,
     choose_kind(tokens, prediction_type)
 
 
+def _check_port(port: Any) -> int:
+    """Refuse a rendezvous port no socket can listen on (``bind`` raises
+    OverflowError for one out of range, and reads True as port 1)."""
+    if isinstance(port, bool) or not isinstance(port, numbers.Integral):
+        raise TypeError(f"rendezvous_port must be an int, got {port!r}")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"rendezvous_port must be in 0..65535 (0: any free port), got {port!r}")
+    return number
+
+
 def _spread_over_workers(client: Any, count: int) -> List[str]:
     """A worker address for each node: the workers in turn, each as often as
     it has threads while threads last, so that the nodes spread over the
@@ -212,10 +224,11 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
     :raises DistributedTrainingError: when a node fails or the job runs out
         of time (every node's engine is stopped first), or when the nodes
         finished without averaging (a learner that does not use AllReduce)
-    :raises ValueError: for arguments the job (or its nodes) cannot use, or a cluster
-        without workers; before anything is sent to the cluster
-    :raises TypeError: for shards that are not iterables, or a formatter without the
-        formatter's methods
+    :raises ValueError: for arguments the job (or its nodes) cannot use (a
+        ``rendezvous_port`` out of 0..65535, say), or a cluster without
+        workers; before anything is sent to the cluster
+    :raises TypeError: for shards that are not iterables, a formatter without the
+        formatter's methods, or a ``rendezvous_port`` that is not an int
     :raises OSError: when the rendezvous cannot listen on ``rendezvous_host`` and
         ``rendezvous_port`` (a port in use, say), before anything is sent to the cluster
     """
@@ -225,6 +238,7 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
     tokens = check_user_args(vw_args)
     _check_node_options(formatter, tokens, batch_size, prediction_type)
+    rendezvous_port = _check_port(rendezvous_port)
     sources = _check_shards(shards)
     total = len(sources)
     if total < 1:
