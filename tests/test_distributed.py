@@ -449,15 +449,20 @@ def test_test_only_is_refused(option):
     (dict(formatter=object()), TypeError), (dict(vw_args=ARGS + ["--top", "2"]), ValueError),
     (dict(vw_args=ARGS + ["--oaa", "3"], prediction_type="cb_explore_adf"), ValueError),
     (dict(rendezvous_port=70000), ValueError), (dict(rendezvous_port=-1), ValueError),
-    (dict(rendezvous_port=True), TypeError), (dict(rendezvous_port="26600"), TypeError)],
+    (dict(rendezvous_port=True), TypeError), (dict(rendezvous_port="26600"), TypeError),
+    (dict(keep_models=[True]), TypeError), (dict(keep_models=[0.0]), TypeError),
+    (dict(keep_models=0), TypeError), (dict(keep_models=[1]), ValueError)],
     ids=["batch_size", "prediction_type", "formatter", "unservable-reduction",
          "prediction_type-contradicting-vw_args", "rendezvous_port-above-65535",
-         "rendezvous_port-negative", "rendezvous_port-bool", "rendezvous_port-str"])
+         "rendezvous_port-negative", "rendezvous_port-bool", "rendezvous_port-str",
+         "keep_models-bool", "keep_models-float", "keep_models-int", "keep_models-no-such-node"])
 def test_arguments_the_nodes_would_refuse_are_refused_before_the_job(bad, error):
     """Not by every node on the cluster, as a DistributedTrainingError (found
     by a review): the client is not even asked for its workers. A rendezvous
     port out of range raised OverflowError("bind(): port must be 0-65535."),
-    not the documented ValueError, and True listened on port 1."""
+    not the documented ValueError, and True listened on port 1; keep_models
+    took [True] as node 1 and [0.0] as node 0, and 0 raised "'int' object is
+    not iterable"."""
     arguments = dict(formatter=VowpalWabbitDummyFormatter(), vw_args=ARGS)
     arguments.update(bad)
     options = {name: value for name, value in bad.items()

@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 import uuid
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..base import VowpalWabbitBaseFormatter
@@ -134,6 +134,23 @@ def _check_port(port: Any) -> int:
     return number
 
 
+def _check_keep_models(keep_models: Any, total: int) -> FrozenSet[int]:
+    """The nodes whose model comes back: ints (not bools) naming nodes.
+
+    :raises TypeError: for what is not a collection of ints
+    :raises ValueError: for a node the job does not have
+    """
+    if isinstance(keep_models, (str, bytes)) or not isinstance(keep_models, Iterable):
+        raise TypeError(f"keep_models must be a collection of node numbers, got {keep_models!r}")
+    keep = list(keep_models)
+    for node in keep:
+        if isinstance(node, bool) or not isinstance(node, numbers.Integral):
+            raise TypeError(f"keep_models must hold node numbers (ints), got {node!r}")
+    if not all(0 <= node < total for node in keep):
+        raise ValueError(f"keep_models must name nodes 0..{total - 1}, got {sorted(keep)}")
+    return frozenset(int(node) for node in keep)
+
+
 def _spread_over_workers(client: Any, count: int) -> List[str]:
     """A worker address for each node: the workers in turn, each as often as
     it has threads while threads last, so that the nodes spread over the
@@ -243,9 +260,7 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
     total = len(sources)
     if total < 1:
         raise ValueError("shards is empty: give at least one shard")
-    keep = frozenset(keep_models)
-    if not keep <= set(range(total)):
-        raise ValueError(f"keep_models must name nodes 0..{total - 1}, got {sorted(keep)}")
+    keep = _check_keep_models(keep_models, total)
     slots = _spread_over_workers(client, total)
     host = rendezvous_host or rendezvous_address(client)
     unique_id = 1 + secrets.randbelow(UNIQUE_ID_LIMIT - 1)
