@@ -4,9 +4,19 @@ With ``--audit`` the engine prints, for every example, a line of
 tab-separated features ``namespace^feature:hashindex:value:weight[@adaptive]``
 (9.x starts the line with a tab; quadratic and higher interactions appear as
 ``a^x*b^y``; the ``@...`` part is missing under ``-t``).
+
+Matrix factorisation (``--rank``) prints the hash index with the weight slot
+it reads in parentheses (``a^x:443456(443456):1:0.07``), and for each latent
+factor of each ``-q`` pair one entry with both features and the product of
+their factor weights
+(``a^x:443457(443457):2:-0.06:b^z:997499(997499):3:0.14:-0.009``); such an
+entry is read as the interaction ``a^x*b^z`` with the product of the two
+values as its value and the product of the two weights as its weight, so
+that value times weight is its contribution to the raw score.
 """
 
 import html
+import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 
@@ -20,6 +30,20 @@ class AuditFeature(NamedTuple):
     weight: float
 
 
+#: A hash index as ``--rank`` prints it: the index, then the weight slot read.
+_RANK_INDEX = r"\d+\((\d+)\)"
+#: A ``--rank`` entry of one latent factor of a pair: name, index, value and
+#: factor weight of each feature, then the product of the two weights.
+_RANK_PAIR = re.compile(rf"(.+?):{_RANK_INDEX}:([^:]+):([^:]+):"
+                        rf"(.+):{_RANK_INDEX}:([^:]+):([^:]+):([^:]+)")
+
+
+def _hashindex(text: str) -> int:
+    """A hash index: ``123``, or ``123(456)`` from ``--rank`` (the slot read, 456)."""
+    rank_index = re.fullmatch(_RANK_INDEX, text)
+    return int(rank_index.group(1)) if rank_index else int(text)
+
+
 def parse_audit_features(explanation_string: str) -> List[AuditFeature]:
     """Split an audit line into its features.
 
@@ -31,11 +55,17 @@ def parse_audit_features(explanation_string: str) -> List[AuditFeature]:
     for entry in explanation_string.strip("\r\n").split("\t"):
         if not entry:
             continue
+        pair = _RANK_PAIR.fullmatch(entry) if "(" in entry else None
+        if pair:
+            left, index, left_value, _, right, _, right_value, _, product = pair.groups()
+            features.append(AuditFeature(f"{left}*{right}", int(index),
+                                         float(left_value) * float(right_value), float(product)))
+            continue
         parts = entry.rsplit(":", 3)
         if len(parts) != 4:
             raise ValueError(f"not an audit feature (name:hashindex:value:weight): {entry!r}")
         name, hashindex, value, weight = parts
-        features.append(AuditFeature(name, int(hashindex), float(value),
+        features.append(AuditFeature(name, _hashindex(hashindex), float(value),
                                      float(weight.split("@", 1)[0])))
     return features
 

@@ -424,3 +424,40 @@ def test_reductions_refused_in_audit_mode_print_more_than_three_lines_per_labell
     lines = ["1 |f a b", "-1 |f c", "1 |f d"]
     assert len(engine_from_file(lines, reduction + ["--audit"], tmp_path)) > 3 * len(lines)
     assert len(engine_from_file(lines, reduction + ["--audit", "-t"], tmp_path)) == 3 * len(lines)
+
+
+def test_a_matrix_factorization_model_is_explained_and_its_potentials_add_up(tmp_path):
+    # --rank (matrix factorisation) prints its own audit shape: a hash index
+    # with the weight slot it reads in parentheses (``a^x:443456(443456):2:-1.09``)
+    # and, per latent factor of each -q pair, both features and the product
+    # of their factor weights on one entry. parse_audit_features raised
+    # "invalid literal for int()" on the first entry of every such line.
+    # (Bounds wide enough that vw does not clip the raw scores to the labels'.)
+    args = ["--rank", "2", "-q", "ab", "--min_prediction", "-50", "--max_prediction", "50"]
+    model = tmp_path / "rank.vw"
+    engine_from_file(["1 |a x:2 y |b z", "-1 |a y |b w:0.5"] * 3, args + ["-f", str(model)],
+                     tmp_path)
+    served = ["-i", str(model), "-t"]
+    lines = ["|a x:2 y:0.5 |b z:3", "|a x |b z w", "|a y", "|b w:2"]
+    audit = engine_from_file(lines, served + ["--audit"], tmp_path)
+    assert len(audit) == 3 * len(lines)
+    for index in range(len(lines)):
+        raw = float(audit[3 * index])
+        explanation = audit[3 * index + 1].decode()
+        features = parse_audit_features(explanation)
+        assert "(" in explanation and len(features) == explanation.strip("\t").count("\t") + 1
+        # the raw score is the sum of the contributions, latent pairs included
+        assert sum(f.value * f.weight for f in features) == pytest.approx(raw, abs=1e-4)
+    first = parse_audit_features(audit[1].decode())
+    assert {(f.name, f.value) for f in first if "*" in f.name} == {("a^x*b^z", 6.0),
+                                                                   ("a^y*b^z", 1.5)}
+    assert ("a^x", 2.0) in {(f.name, f.value) for f in first}
+    # the same explanation through a process in audit mode
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), served + ["--quiet"],
+                             audit_mode=True) as process:
+        got = [process.explain_vw_line(line) for line in lines]
+    assert got == [(float(audit[3 * index]), audit[3 * index + 1].decode().strip("\t"))
+                   for index in range(len(lines))]
+    rows = VowpalWabbitDummyFormatter().get_human_readable_explanation(got[0][1])
+    assert sum(row["potential"] for row in rows) == pytest.approx(got[0][0], abs=1e-4)
+    assert [("a", "x"), ("b", "z")] in [row["names"] for row in rows]
