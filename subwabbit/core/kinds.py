@@ -1115,10 +1115,11 @@ def learns_by_line_count(options: Sequence[str]) -> bool:
 #: example a learning engine reads, ``--bootstrap`` and ``--active``
 #: (``--simulation``) draw from the engine's random numbers, and
 #: ``--stage_poly`` schedules its support updates by the count of lines read
-#: (empty lines and save commands too). (``--lrq`` and ``--lrqfa``, which
+#: (empty lines and save commands too); ``--rank`` (matrix factorisation)
+#: learns differently after an unlabelled example. (``--lrq`` and ``--lrqfa``, which
 #: learn by that count's parity, are not moved by a probe's two lines:
 #: :data:`LINE_COUNTING`.)
-MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly")
+MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly", "--rank")
 
 
 def learns(vw_args: Sequence[str]) -> bool:
