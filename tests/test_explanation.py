@@ -373,7 +373,11 @@ def test_dummy_formatter_passes_parts_through():
     ("VowpalWabbitProcess", ["--active", "--simulation"]),
     ("VowpalWabbitProcess", ["--active_cover"]),
     ("VowpalWabbitProcess", ["--replay_b", "10"]), ("VowpalWabbitProcess", ["--replay_c", "10"]),
-    ("VowpalWabbitProcess", ["--baseline"])])
+    ("VowpalWabbitProcess", ["--baseline"]),
+    # no audit record at all: found only by the start-up probe, after
+    # startup_timeout_s (60 s), with a message that did not name the learner
+    ("VowpalWabbitProcess", ["--OjaNewton"]), ("VowpalWabbitProcess", ["--svrg"]),
+    ("VowpalWabbitProcess", ["--noop"]), ("VowpalWabbitProcess", ["--print"])])
 def test_audit_mode_refuses_reductions_that_print_several_audit_records(cls_name, reduction):
     # With these vw prints one audit record per call of the learner under
     # them: more than three lines for some examples, which would shift every

@@ -1160,10 +1160,18 @@ AUDIT_UNSERVABLE_WHILE_LEARNING = ("--ftrl", "--coin", "--classweight", "--activ
                                    "--active_cover", "--replay_b", "--replay_c", "--baseline")
 
 
+#: Learners under which vw prints no audit record at all (the prediction
+#: line only): audit mode, which reads three lines per example, found out
+#: only when its start-up probe went unanswered for ``startup_timeout_s``
+#: (found by a review: 60 s, then "did not answer a probe example").
+AUDIT_SILENT = ("--OjaNewton", "--svrg", "--noop", "--print")
+
+
 def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
     """Refuse, for audit mode, reductions that print several audit lines per
     example (:data:`AUDIT_UNSERVABLE`, and
-    :data:`AUDIT_UNSERVABLE_WHILE_LEARNING` without ``-t``). A model loaded
+    :data:`AUDIT_UNSERVABLE_WHILE_LEARNING` without ``-t``) or none
+    (:data:`AUDIT_SILENT`). A model loaded
     with ``-i`` carries its reductions in the file: pass the options it
     saved with ``vw_args``; the start-up probe catches some of the others.
 
@@ -1176,6 +1184,9 @@ def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
             raise ValueError(f"audit_mode cannot serve {name}: vw prints more than one "
                              "audit record per example with it, and how many depends on the "
                              "example")
+        if name in AUDIT_SILENT:
+            raise ValueError(f"audit_mode cannot serve {name}: vw prints no audit record "
+                             "with it")
         if learning and name in AUDIT_UNSERVABLE_WHILE_LEARNING:
             raise ValueError(f"audit_mode cannot serve {name} while it learns: vw prints more "
                              "than one audit record for a labelled line with it; explain "
