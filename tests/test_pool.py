@@ -14,6 +14,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -1569,6 +1570,38 @@ def test_an_engine_that_ends_after_its_fork_server_died_has_an_unknown_status(tr
         assert "unknown status" in describe_returncode(process.poll())
     finally:
         pool.close()
+
+
+def test_a_fork_server_closed_with_exit_reports_unread_ends_quietly(trained_model):
+    # A pool closes its fork server's socket as its engines end; the exit
+    # statuses the server sent last may not have been read yet. Closed with
+    # unread messages, the socket resets the server's end: the server raised
+    # ConnectionResetError, and its traceback came out as a dozen WARNING
+    # lines of "subwabbit.engine" at a service's shutdown, the server exiting
+    # with code 1 (seen under uvicorn).
+    from subwabbit.command import build_argv, normalize_vw_args  # pylint: disable=import-outside-toplevel
+    argv = build_argv(default_engine_command(), normalize_vw_args(scoring_args(trained_model)),
+                      predictions=True, audit=False)
+    server = ForkServer(argv, 30.0)
+    engines = [server.fork_engine(30.0) for _ in range(3)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)  # the reader thread cannot take the statuses from us
+    try:
+        for engine in engines:
+            os.kill(engine.pid, signal.SIGKILL)
+        until = time.perf_counter() + 0.5  # a busy wait holds the interpreter lock
+        while time.perf_counter() < until:
+            pass
+        server.close()
+    finally:
+        sys.setswitchinterval(interval)
+        for engine in engines:
+            try:
+                engine.close(1.0)
+            except VowpalWabbitError:  # killed, as meant
+                pass
+    assert server.engine.proc.returncode == 0, server.engine.stderr_tail()
+    assert "Traceback" not in server.engine.stderr_tail()
 
 
 def test_reload_with_an_infinite_timeout_closes_the_old_engines(trained_model, second_model,

@@ -584,8 +584,9 @@ def serve_forks(loop: Optional[OneThreadLoop], sock_fd: int) -> int:
     children share until one of them writes to them (a model loaded with
     ``-t`` is only read). The server answers ``pid N``, reports ``exit N
     CODE`` when a child ends, and ends itself when its stdin or the socket
-    closes. It answers ``nofork`` (then ends) when the model needs vw's own
-    driver, which cannot be forked once started.
+    closes (or is reset: the client closed it before reading every status).
+    It answers ``nofork`` (then ends) when the model needs vw's own driver,
+    which cannot be forked once started.
     """
     import selectors  # pylint: disable=import-outside-toplevel
     import socket  # pylint: disable=import-outside-toplevel
@@ -606,7 +607,10 @@ def serve_forks(loop: Optional[OneThreadLoop], sock_fd: int) -> int:
     while True:
         for key, _ in selector.select():
             if key.fileobj is sock:
-                message, fds, _, _ = socket.recv_fds(sock, 64, 3)
+                try:
+                    message, fds, _, _ = socket.recv_fds(sock, 64, 3)
+                except OSError:  # reset: the client closed with statuses unread
+                    return 0
                 if not message:
                     return 0
                 if message == b"fork" and len(fds) == 3:
