@@ -756,8 +756,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if starting.cancelled():  # close() stopped it (it holds no turn)
             self._raise_if_start_stopped(starting, cancels_before)
         engine = starting.result()  # raises what the start raised
+        replaces_a_failure = self._broken is not None  # (not a fork's first engine)
         self._adopt(engine)
-        logger.log(logging.WARNING if self._restart_count else logging.INFO,
+        logger.log(logging.WARNING if replaces_a_failure else logging.INFO,
                    "vw[%d] is serving %r", engine.pid, self)
         return True
 

@@ -501,7 +501,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         if metrics is not None:
             metrics["restarts"] = 1
         if not self._background_restarts:
-            self._restart_engine(reason)
+            self._restart_engine(reason, level=logging.INFO if forked else logging.WARNING)
             return True
         replacement = self._replacement
         if replacement is None:
@@ -582,7 +582,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
     # ------------------------------------------------------------- restart
 
-    def _restart_engine(self, reason: str, timeout: float = 5.0) -> None:
+    def _restart_engine(self, reason: str, timeout: float = 5.0,
+                        level: int = logging.WARNING) -> None:
+        """Stop the engine (if any) and start a new one.
+
+        :param level: the level of the log record of the restart (``INFO`` for
+            a forked child's first engine: nothing failed)
+        """
         old = self._engine
         old_pid = old.pid if old is not None else None
         if self._replacement is not None:
@@ -606,8 +612,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise
         self._broken = None
         self._restart_count += 1
-        logger.warning("restarted the vw engine (%s): vw[%s] -> vw[%s], restart #%d",
-                       reason, old_pid, self.pid, self._restart_count)
+        logger.log(level, "restarted the vw engine (%s): vw[%s] -> vw[%s], restart #%d",
+                   reason, old_pid, self.pid, self._restart_count)
 
     def reload(self, vw_args: VwArgs, timeout: float = 5.0) -> None:
         """Switch to an engine started with new arguments (typically

@@ -67,6 +67,37 @@ def test_after_fork_the_child_starts_its_own_engine_and_both_stay_exact(kind, tr
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
+def test_a_forked_child_logs_its_own_engine_at_info_not_as_a_failure(kind, trained_model):
+    # Every worker of a server that forks (gunicorn --preload) starts its own
+    # engine: nothing failed. The blocking class logged it at WARNING
+    # ("restarted the vw engine (this process ... is a fork of ...)"), the
+    # asyncio class too ("vw[N] is serving ..."), the level of an engine
+    # that failed, once per worker; the nonblocking class at INFO.
+    client = Client(kind, DictFormatter(), scoring_args(trained_model))
+    try:
+        client.predict({"user": 1}, items(5))
+
+        def child():
+            parents_loop = client.loop  # (kept: dropped, it would close the parent's epoll set)
+            client.new_loop_after_fork()
+            records = []
+            handler = logging.Handler(logging.DEBUG)
+            handler.emit = records.append
+            logging.getLogger("subwabbit").addHandler(handler)
+            logging.getLogger("subwabbit").setLevel(logging.DEBUG)
+            client.predict({"user": 1}, items(5))
+            del parents_loop
+            return [(record.levelname, record.getMessage()) for record in records]
+
+        outcome = in_child(child, limit_s=60)
+        assert "error" not in outcome, outcome
+        assert any("is a fork of" in message for _, message in outcome["ok"]), outcome["ok"]
+        assert [record for record in outcome["ok"] if record[0] not in ("DEBUG", "INFO")] == []
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_restart_after_fork_false_raises_a_clear_error_in_the_child(kind, trained_model):
     client = Client(kind, DictFormatter(), scoring_args(trained_model), restart_after_fork=False)
     try:
