@@ -32,8 +32,8 @@ class ModelSave:
         ``|``), or an empty one
     :raises OSError: when the directory cannot be created, a file cannot be
         created in it, or the path is a directory: found here, before the
-        engine is asked, because vw's own driver aborts (SIGABRT) on a save
-        it cannot write
+        engine is asked, because a save it cannot write ends the engine
+        (the vw executable hangs instead when many lines follow it)
     """
 
     def __init__(self, path: SavePath) -> None:

@@ -102,6 +102,21 @@ def test_engine_module_exits_1_when_an_example_stops_it():
     assert b"label" in err and out.splitlines()[0] == b"1"
 
 
+@pytest.mark.parametrize("driver", ["vw", "loop"])
+def test_a_save_command_that_cannot_write_exits_1_as_vw_does(driver, tmp_path):
+    # The vw executable prints the error and exits 1; vw's driver in the wheel
+    # raised past its parser thread, whose teardown aborted the process.
+    (tmp_path / "afile").write_bytes(b"")
+    lines = b"1 |a x\nsave_%s/m.vw|\n1 |a y\n|a x\n" % os.fsencode(tmp_path / "afile")
+    done = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
+                          input=lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=dict(os.environ, SUBWABBIT_ENGINE_DRIVER=driver), timeout=60,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == b"0\n"
+    assert b"can't open" in done.stderr and b"terminate called" not in done.stderr
+
+
 def test_write_only_training_that_an_example_stopped_fails_at_close(tmp_path, monkeypatch):
     # An --oaa model loaded with -i whose saved options cannot be read (a file
     # of another format) is taken for a scalar one, whose label strings go as

@@ -669,7 +669,17 @@ def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
     if from_stdin:  # first, so that an option without its value last cannot take it
         args = ["--data", "/dev/stdin"] + args
     workspace = _workspace(pylibvw, args)
-    workspace.run_parser()
+    try:
+        workspace.run_parser()
+    except RuntimeError as exc:
+        # The learner thread's error (a save command that cannot write its
+        # file, say) leaves vw's parser thread running: the workspace's
+        # teardown then ended the process with std::terminate (SIGABRT,
+        # "terminate called without an active exception"), where the vw
+        # executable exits with code 1. End it here, the workspace untouched.
+        sys.stderr.write(f"vw: {exc}\n")
+        _flush_c_streams()
+        exit_now(1)
     if from_stdin and not _input_exhausted():
         # The wheel's driver logs a fatal example error (a malformed
         # multiclass label, say) and returns as if the input had ended;
@@ -680,6 +690,16 @@ def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
         return 1
     workspace.finish()
     return 0
+
+
+def _flush_c_streams() -> None:
+    """Write what the C library's buffers hold (``fflush(NULL)``), for an
+    end without the interpreter's teardown (:func:`exit_now`)."""
+    try:
+        import ctypes  # pylint: disable=import-outside-toplevel
+        ctypes.CDLL(None).fflush(None)
+    except (ImportError, OSError, AttributeError):
+        pass
 
 
 def _input_exhausted() -> bool:
