@@ -276,6 +276,25 @@ def test_failed_save_exits_1_after_the_predictions_before_it(tmp_path):
     assert b"Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("env", [LOOP, {engine.DRIVER_ENV_VAR: "vw"}])
+def test_an_engine_whose_stdout_is_closed_learns_and_saves_as_vw_does(env, tmp_path):
+    # vw's writes to a closed stdout fail unseen: it learns on, saves its -f
+    # model and exits 0. The loop raised OSError (EBADF) at its first answer.
+    data = b"".join(b"%d |a f%d\n" % (i % 2, i % 7) for i in range(300))
+    model = tmp_path / "m.vw"
+    argv = default_engine_command() + ["-p", "stdout", "--quiet", "-f", str(model)]
+    done = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh"] + argv, input=data,
+                          stderr=subprocess.PIPE, timeout=60, check=False,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    trained = subprocess.run(default_engine_command() + ["-p", "stdout", "--quiet", "-f",
+                                                         str(tmp_path / "ref.vw")],
+                             input=data, stdout=subprocess.PIPE, timeout=60, check=True)
+    assert len(trained.stdout.splitlines()) == 300
+    assert model.read_bytes() == (tmp_path / "ref.vw").read_bytes()
+
+
 def test_training_through_the_loop_saves_the_model_vw_saves(tmp_path):
     data = b"".join(b"%d |a f%d |b g%d\n" % (i % 2 * 2 - 1, i % 13, i % 7) for i in range(3000))
     data += b"save_SAVEDIR/middle.vw|\n" + data

@@ -45,6 +45,7 @@ by the loop and not by vw's driver. subwabbit never sends such lines.
 This file imports nothing from subwabbit so that it can run as a plain script.
 """
 
+import errno
 import math
 import os
 import re
@@ -466,7 +467,12 @@ class OneThreadLoop:
         view = memoryview(("\n".join(output) + "\n").encode("utf-8", "surrogateescape"))
         output.clear()
         while view:
-            view = view[os.write(1, view):]
+            try:
+                view = view[os.write(1, view):]
+            except OSError as exc:
+                if exc.errno != errno.EBADF:
+                    raise
+                return  # no stdout (closed): vw goes on, its predictions dropped
 
 
 def _reads_data_file(args: List[str]) -> bool:
@@ -562,6 +568,8 @@ def exit_now(code: int) -> NoReturn:
     ended this way: it may still hold output in the C library's buffers,
     which only a normal exit writes."""
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # its descriptor was closed when Python started
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # closed, or the reader went away
