@@ -117,6 +117,23 @@ def test_a_save_command_that_cannot_write_exits_1_as_vw_does(driver, tmp_path):
     assert b"can't open" in done.stderr and b"terminate called" not in done.stderr
 
 
+@pytest.mark.parametrize("driver", ["vw", "loop"])
+def test_an_error_naming_a_path_that_is_not_utf8_is_printed_as_vw_prints_it(driver, tmp_path):
+    # vw's message carries the path's bytes, which the bindings could not
+    # decode: a UnicodeDecodeError, printed as a traceback with exit code 1
+    # (the loop) or ending in SIGABRT (vw's driver).
+    (tmp_path / "afile").write_bytes(b"")
+    lines = b"1 |a x\nsave_%s/m\xff.vw|\n|a y\n" % os.fsencode(tmp_path / "afile")
+    done = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
+                          input=lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=dict(os.environ, SUBWABBIT_ENGINE_DRIVER=driver), timeout=60,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == b"0\n"
+    assert done.stderr.startswith(b"vw: can't open: ") and b"/m\\xff.vw.writing" in done.stderr
+    assert b"Traceback" not in done.stderr
+
+
 def test_write_only_training_that_an_example_stopped_fails_at_close(tmp_path, monkeypatch):
     # An --oaa model loaded with -i whose saved options cannot be read (a file
     # of another format) is taken for a scalar one, whose label strings go as

@@ -475,6 +475,15 @@ class OneThreadLoop:
                 return  # no stdout (closed): vw goes on, its predictions dropped
 
 
+def _error_text(exc: BaseException) -> str:
+    """What the engine said in ``exc``. The bindings turn vw's errors into
+    ``RuntimeError``; one whose message is not UTF-8 (a path's bytes) comes
+    as the ``UnicodeDecodeError`` of decoding it, which holds the message."""
+    if isinstance(exc, UnicodeDecodeError) and isinstance(exc.object, bytes):
+        return exc.object.decode("utf-8", "backslashreplace")
+    return str(exc)
+
+
 def _reads_data_file(args: List[str]) -> bool:
     return any(option_name(arg) in _DATA_OPTIONS for arg in args)
 
@@ -550,8 +559,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             loop.workspace.finish()
             exit_now(0)
         return _run_vw_driver(pylibvw, args)
-    except RuntimeError as exc:
-        sys.stderr.write(f"vw: {exc}\n")
+    except (RuntimeError, UnicodeDecodeError) as exc:
+        sys.stderr.write(f"vw: {_error_text(exc)}\n")
         sys.stderr.flush()
         return 1
 
@@ -666,7 +675,7 @@ def _serve_forked(loop: OneThreadLoop, fds: List[int]) -> int:
         loop.run()
         loop.workspace.finish()
     except BaseException as exc:  # pylint: disable=broad-except
-        sys.stderr.write(f"vw: {exc}\n")
+        sys.stderr.write(f"vw: {_error_text(exc)}\n")
         return 1
     return 0
 
@@ -679,13 +688,13 @@ def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
     workspace = _workspace(pylibvw, args)
     try:
         workspace.run_parser()
-    except RuntimeError as exc:
+    except (RuntimeError, UnicodeDecodeError) as exc:
         # The learner thread's error (a save command that cannot write its
         # file, say) leaves vw's parser thread running: the workspace's
         # teardown then ended the process with std::terminate (SIGABRT,
         # "terminate called without an active exception"), where the vw
         # executable exits with code 1. End it here, the workspace untouched.
-        sys.stderr.write(f"vw: {exc}\n")
+        sys.stderr.write(f"vw: {_error_text(exc)}\n")
         _flush_c_streams()
         exit_now(1)
     if from_stdin and not _input_exhausted():
