@@ -102,17 +102,24 @@ def test_engine_module_exits_1_when_an_example_stops_it():
     assert b"label" in err and out.splitlines()[0] == b"1"
 
 
-@pytest.mark.parametrize("driver", ["vw", "loop"])
-def test_a_save_command_that_cannot_write_exits_1_as_vw_does(driver, tmp_path):
-    # The vw executable prints the error and exits 1; vw's driver in the wheel
-    # raised past its parser thread, whose teardown aborted the process.
+def _save_into_a_file(driver, tmp_path, name, after):
+    """The engine on a line, a save command into ``afile/NAME`` (``afile``
+    being a file, not a directory), then the lines ``after``: it must exit 1."""
     (tmp_path / "afile").write_bytes(b"")
-    lines = b"1 |a x\nsave_%s/m.vw|\n1 |a y\n|a x\n" % os.fsencode(tmp_path / "afile")
+    lines = b"1 |a x\nsave_%s/%s|\n%s" % (os.fsencode(tmp_path / "afile"), name, after)
     done = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
                           input=lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env=dict(os.environ, SUBWABBIT_ENGINE_DRIVER=driver), timeout=60,
                           check=False)
     assert done.returncode == 1, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("driver", ["vw", "loop"])
+def test_a_save_command_that_cannot_write_exits_1_as_vw_does(driver, tmp_path):
+    # The vw executable prints the error and exits 1; vw's driver in the wheel
+    # raised past its parser thread, whose teardown aborted the process.
+    done = _save_into_a_file(driver, tmp_path, b"m.vw", b"1 |a y\n|a x\n")
     assert done.stdout == b"0\n"
     assert b"can't open" in done.stderr and b"terminate called" not in done.stderr
 
@@ -122,13 +129,7 @@ def test_an_error_naming_a_path_that_is_not_utf8_is_printed_as_vw_prints_it(driv
     # vw's message carries the path's bytes, which the bindings could not
     # decode: a UnicodeDecodeError, printed as a traceback with exit code 1
     # (the loop) or ending in SIGABRT (vw's driver).
-    (tmp_path / "afile").write_bytes(b"")
-    lines = b"1 |a x\nsave_%s/m\xff.vw|\n|a y\n" % os.fsencode(tmp_path / "afile")
-    done = subprocess.run([sys.executable, "-m", "subwabbit.engine", "-p", "stdout", "--quiet"],
-                          input=lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=dict(os.environ, SUBWABBIT_ENGINE_DRIVER=driver), timeout=60,
-                          check=False)
-    assert done.returncode == 1, done.stderr
+    done = _save_into_a_file(driver, tmp_path, b"m\xff.vw", b"|a y\n")
     assert done.stdout == b"0\n"
     assert done.stderr.startswith(b"vw: can't open: ") and b"/m\\xff.vw.writing" in done.stderr
     assert b"Traceback" not in done.stderr
