@@ -612,8 +612,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             raise
         self._broken = None
         self._restart_count += 1
-        logger.log(level, "restarted the vw engine (%s): vw[%s] -> vw[%s], restart #%d",
-                   reason, old_pid, self.pid, self._restart_count)
+        logger.log(level, "restarted the vw engine (%s): %s -> vw[%s], restart #%d",
+                   reason, "no engine" if old_pid is None else f"vw[{old_pid}]", self.pid,
+                   self._restart_count)
 
     def reload(self, vw_args: VwArgs, timeout: float = 5.0) -> None:
         """Switch to an engine started with new arguments (typically

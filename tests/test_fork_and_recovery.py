@@ -93,6 +93,8 @@ def test_a_forked_child_logs_its_own_engine_at_info_not_as_a_failure(kind, train
         assert "error" not in outcome, outcome
         assert any("is a fork of" in message for _, message in outcome["ok"]), outcome["ok"]
         assert [record for record in outcome["ok"] if record[0] not in ("DEBUG", "INFO")] == []
+        # (the blocking class said "vw[None] -> vw[N]": the child has no engine of its own)
+        assert not any("vw[None]" in message for _, message in outcome["ok"]), outcome["ok"]
     finally:
         client.close()
 
