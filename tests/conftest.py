@@ -270,7 +270,16 @@ class Client:
 
     def new_loop_after_fork(self):
         if self.loop is not None:
+            # The parent's loop is kept, never collected in the child: closed
+            # by the garbage collector, it took its wake-up pipe out of the
+            # epoll set it shares with the parent's loop, which then slept
+            # through the wake-ups of its executor (a test took 30 s for 0.5).
+            _PARENTS_LOOPS.append(self.loop)
             self.loop = asyncio.new_event_loop()
+
+
+#: the parent's event loops, kept in a forked child (see Client.new_loop_after_fork)
+_PARENTS_LOOPS = []
 
 
 def in_child(body, limit_s=None, fork=os.fork):

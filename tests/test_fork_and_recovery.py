@@ -78,7 +78,6 @@ def test_a_forked_child_logs_its_own_engine_at_info_not_as_a_failure(kind, train
         client.predict({"user": 1}, items(5))
 
         def child():
-            parents_loop = client.loop  # (kept: dropped, it would close the parent's epoll set)
             client.new_loop_after_fork()
             records = []
             handler = logging.Handler(logging.DEBUG)
@@ -86,7 +85,6 @@ def test_a_forked_child_logs_its_own_engine_at_info_not_as_a_failure(kind, train
             logging.getLogger("subwabbit").addHandler(handler)
             logging.getLogger("subwabbit").setLevel(logging.DEBUG)
             client.predict({"user": 1}, items(5))
-            del parents_loop
             return [(record.levelname, record.getMessage()) for record in records]
 
         outcome = in_child(child, limit_s=60)
