@@ -310,3 +310,23 @@ def test_numpy_integers_as_sizes_and_decimal_labels_are_taken_as_in_2x(model_cla
     finally:
         for model in models:
             model.close()
+
+
+def test_weights_given_as_text_are_taken_as_in_2x():
+    """2.x wrote weights with str(), so "0.5" (read from a CSV file, say)
+    weighted as 0.5 did; it was refused ("weights[0] must be a number, got
+    '0.5'") while string labels were taken. Text vw would not read as
+    written is refused, naming the item."""
+    models = [VowpalWabbitProcess(UserItemFormatter(), ["--quiet"]) for _ in range(2)]
+    try:
+        models[0].train(USER1, ITEMS, [1, -1, 1], weights=["0.5", "2", "1e-1"])
+        models[1].train(USER1, ITEMS, [1, -1, 1], weights=[0.5, 2, 0.1])
+        first, second = (list(model.predict(USER1, ITEMS)) for model in models)
+        assert first == second and first != [0.0, 0.0, 0.0]
+        for bad in ("abc", "-1", "1 |x", "", "1e-200"):
+            with pytest.raises(ValueError, match=r"^weights\[1\]: the importance weight"):
+                models[0].train(USER1, ITEMS[:2], [1, 1], weights=[1, bad])
+        assert list(models[0].predict(USER1, ITEMS)) == first  # nothing was learnt
+    finally:
+        for model in models:
+            model.close()

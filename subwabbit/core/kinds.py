@@ -383,7 +383,8 @@ class PredictionKind:
 
         :raises ValueError: for a negative weight, or any weight where the
             kind's labels cannot carry one
-        :raises TypeError: for a weight that is not a number
+        :raises TypeError: for a weight that is not a number (or a number's
+            text, which vw must read as written)
         """
         for index, weight in enumerate(weights):
             if weight is None:
@@ -392,6 +393,11 @@ class PredictionKind:
                 raise ValueError(f"weights[{index}] is {weight!r}, but {self.name} labels "
                                  f"({self.origin}) carry no importance weight in VW's text "
                                  "format; pass weights=None")
+            if isinstance(weight, str):  # as 2.x wrote it (read from a CSV file, say)
+                problem = _weight_problem(weight)
+                if problem is not None:
+                    raise ValueError(f"weights[{index}]: {problem}")
+                continue
             check_number(weight, f"weights[{index}]")
             if weight < 0:
                 raise ValueError(f"weights[{index}] is negative: {weight!r}")
