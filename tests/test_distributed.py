@@ -939,3 +939,12 @@ def test_a_model_path_that_is_a_directory_fails_before_the_job(monkeypatch, tmp_
     with pytest.raises(IsADirectoryError):
         train(None, [[]], VowpalWabbitDummyFormatter(), ARGS, tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "::1"])
+def test_a_rendezvous_host_it_cannot_listen_on_is_named_with_the_right_hint(host):
+    """An address not on this machine (or not IPv4) said "choose another
+    rendezvous_port", which would not help (found by a review)."""
+    with pytest.raises(OSError, match=r"rendezvous cannot listen on .*: give a "
+                                      "rendezvous_host that is an IPv4 address"):
+        Rendezvous(5, 2, host=host, supervised=False)

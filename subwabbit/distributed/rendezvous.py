@@ -45,6 +45,7 @@ for a missing peer).
 """
 
 import dataclasses
+import errno
 import logging
 import selectors
 import socket
@@ -209,9 +210,12 @@ class Rendezvous:
             self._listener.setblocking(False)
         except OSError as exc:
             self._listener.close()
+            hint = ("choose another rendezvous_port (0: any free port)"
+                    if exc.errno == errno.EADDRINUSE else
+                    "give a rendezvous_host that is an IPv4 address of this machine's own "
+                    "interfaces, which the workers can reach")
             raise OSError(exc.errno, f"the rendezvous cannot listen on {host}:{port} "
-                                     f"({exc.strerror or exc}): choose another "
-                                     "rendezvous_port (0: any free port)") from exc
+                                     f"({exc.strerror or exc}): {hint}") from exc
         except BaseException:
             self._listener.close()
             raise
