@@ -169,11 +169,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
         self._engine: Optional[EngineProcess] = None
         self._channel: Optional[Channel] = None
         self._closed = False
-        self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
-                                                      write_timeout_ms, write_cutoff_s)
-        self.max_pending_lines = int(max_pending_lines)
-        self.pipe_buffer_size_bytes = (None if pipe_buffer_size_bytes is None
-                                       else int(pipe_buffer_size_bytes))
+        self.write_cutoff_s, self.max_pending_lines, self.pipe_buffer_size_bytes = \
+            check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes, write_timeout_ms,
+                                    write_cutoff_s)
         self._configure(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                         vw_command=vw_command, metrics_hook=metrics_hook,
                         startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,
@@ -286,8 +284,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             task is not being cancelled itself
         """
         if starting.cancelled() and _cancel_requests() <= cancels_before:
-            raise VowpalWabbitError(f"{type(self).__name__} was closed while its engine "
-                                    "started")
+            raise self._closed_while_starting()
 
     async def __aenter__(self) -> "AsyncVowpalWabbitProcess":
         return await self.start()
@@ -822,8 +819,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         finally:
             # (for a call that never began: earlier calls' leftovers, not
             # the lines of the call it waited for)
-            self._finish_predict_metrics(metrics, exchange, start, 0 if self._channel is None
-                                         else self._channel.stale_lines, True)
+            self._finish_predict_metrics(metrics, exchange, start, self._leftover_lines(), True)
             if metrics is not None and not returned:
                 metrics["num_lines"] = 0  # raised or cancelled: the caller got none
             if exchange is not None:

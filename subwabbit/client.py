@@ -72,21 +72,39 @@ CONTENTION_LOG_INTERVAL_S = 60.0
 _FORMATTER_METHODS = ("format_common_features", "format_item_features")
 
 
-def check_formatter_and_batch_size(formatter: Any, batch_size: Any) -> None:
+def check_formatter_and_batch_size(formatter: Any, batch_size: Any) -> int:
     """Check a client's ``formatter`` and ``batch_size`` arguments.
 
+    :returns: ``batch_size`` as an int
     :raises TypeError: for a formatter without the formatter methods
-    :raises ValueError: for a ``batch_size`` that is not a positive int (NumPy's
-        integers are ints here, as in subwabbit 2.x)
+    :raises ValueError: for a ``batch_size`` that is not a positive int
+        (:func:`positive_int`)
     """
     missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
     if missing:
         raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "
                         f"(a VowpalWabbitBaseFormatter); {type(formatter).__name__} lacks "
                         f"{', '.join(missing)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return positive_int(batch_size, "batch_size")
+
+
+def positive_int(value: Any, name: str, most: Optional[int] = None,
+                 or_none: bool = False) -> int:
+    """A count setting (``batch_size``, ``max_pending_lines``, a pool's
+    ``size``...) as an int: NumPy's integers are ints here, as in subwabbit 2.x.
+
+    :param most: the largest value taken, if any
+    :param or_none: the setting may also be ``None`` (which the caller
+        handles): the error says so
+    :raises ValueError: for a bool, a non-integer, or a value below 1 (or above ``most``)
+    """
+    number = None if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+        else int(value)
+    if number is None or number < 1 or (most is not None and number > most):
+        bound = "" if most is None else f" up to {most}"
+        raise ValueError(f"{name} must be a positive int{bound}{' or None' if or_none else ''}, "
+                         f"got {value!r}")
+    return number
 
 
 class ReloadPlan(NamedTuple):
@@ -165,7 +183,7 @@ class ClientBase:
                    metrics_hook: Optional[MetricsHook], startup_timeout_s: float,
                    io_timeout_s: Optional[float], restart_on_crash: bool,
                    restart_after_fork: bool, prediction_type: Optional[str] = None) -> None:
-        check_formatter_and_batch_size(formatter, batch_size)
+        batch_size = check_formatter_and_batch_size(formatter, batch_size)
         write_only, audit_mode = flag(write_only, "write_only"), flag(audit_mode, "audit_mode")
         if write_only and audit_mode:
             raise ValueError("write_only and audit_mode exclude each other: audit mode reads "
@@ -184,7 +202,7 @@ class ClientBase:
         # and saved without them; None for any other
         self.prediction_kind, self._counts_lines, self._probes_teach = self._kind_for(
             self.vw_args, audit_mode)
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         self.write_only = write_only
         self.audit_mode = audit_mode
         self.metrics_hook = metrics_hook
@@ -508,6 +526,13 @@ class ClientBase:
             metrics["num_lines"] = num_lines
             metrics["total_time"] = time.perf_counter() - start
         self._finish_call("train", metrics)
+
+    def _leftover_lines(self) -> int:
+        """Lines in flight that ended calls left on a single process's engine
+        (not those of the call in progress, which may be another thread's or
+        task's)."""
+        channel = getattr(self, "_channel", None)
+        return channel.stale_lines if channel is not None else 0
 
     def _closed_error(self) -> VowpalWabbitError:
         """What a call on the closed object raises."""

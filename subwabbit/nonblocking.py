@@ -1,12 +1,11 @@
 """The nonblocking model: returns by its deadline, non-blocking pipes (Linux only)."""
 
-import numbers
 import sys
 import warnings
-from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from .base import Label, VowpalWabbitBaseFormatter
-from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
+from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook, positive_int
 from .command import VwArgs
 from .core.exchanges import Pacing
 from .deadlines import validate_deadline, validate_seconds
@@ -39,11 +38,21 @@ DEFAULT_WRITE_CUTOFF_S = 0.0005
 MAX_PIPE_SIZE_BYTES = 2 ** 31
 
 
+class DeadlineSettings(NamedTuple):
+    """The checked settings of a class that returns by a deadline."""
+
+    #: seconds (``write_timeout_ms``, deprecated, wins over ``write_cutoff_s``)
+    write_cutoff_s: float
+    max_pending_lines: int
+    pipe_buffer_size_bytes: Optional[int]
+
+
 def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Optional[int],
-                            write_timeout_ms: Optional[float], write_cutoff_s: float) -> float:
+                            write_timeout_ms: Optional[float],
+                            write_cutoff_s: float) -> DeadlineSettings:
     """Check the settings of the classes that return by a deadline.
 
-    :returns: the write cut-off in seconds (``write_timeout_ms``, deprecated, wins)
+    :returns: the settings, the counts as ints
     :raises ValueError: for a setting out of range
     """
     name = "write_cutoff_s"
@@ -52,17 +61,12 @@ def check_deadline_settings(max_pending_lines: int, pipe_buffer_size_bytes: Opti
                       DeprecationWarning, stacklevel=3)
         write_cutoff_s, name = write_timeout_ms, "write_timeout_ms"
     cutoff = validate_seconds(write_cutoff_s, name, allow_none=False)
-    if isinstance(max_pending_lines, bool) \
-            or not isinstance(max_pending_lines, numbers.Integral) or max_pending_lines < 1:
-        raise ValueError(f"max_pending_lines must be a positive int, got {max_pending_lines!r}")
-    if pipe_buffer_size_bytes is not None and (
-            isinstance(pipe_buffer_size_bytes, bool)
-            or not isinstance(pipe_buffer_size_bytes, numbers.Integral)
-            or not 1 <= pipe_buffer_size_bytes <= MAX_PIPE_SIZE_BYTES):
-        raise ValueError(f"pipe_buffer_size_bytes must be a positive int up to "
-                         f"{MAX_PIPE_SIZE_BYTES} or None, got {pipe_buffer_size_bytes!r}")
     assert cutoff is not None
-    return cutoff
+    return DeadlineSettings(
+        cutoff, positive_int(max_pending_lines, "max_pending_lines"),
+        None if pipe_buffer_size_bytes is None
+        else positive_int(pipe_buffer_size_bytes, "pipe_buffer_size_bytes", MAX_PIPE_SIZE_BYTES,
+                          or_none=True))
 
 
 class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
@@ -134,11 +138,9 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("VowpalWabbitNonBlockingProcess is available on Linux only; "
                                       "use VowpalWabbitProcess")
-        self.write_cutoff_s = check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes,
-                                                      write_timeout_ms, write_cutoff_s)
-        self.max_pending_lines = int(max_pending_lines)
-        self.pipe_buffer_size_bytes = (None if pipe_buffer_size_bytes is None
-                                       else int(pipe_buffer_size_bytes))
+        self.write_cutoff_s, self.max_pending_lines, self.pipe_buffer_size_bytes = \
+            check_deadline_settings(max_pending_lines, pipe_buffer_size_bytes, write_timeout_ms,
+                                    write_cutoff_s)
         super().__init__(formatter, vw_args, batch_size, write_only=False, audit_mode=audit_mode,
                          vw_command=vw_command, metrics_hook=metrics_hook,
                          startup_timeout_s=startup_timeout_s, io_timeout_s=io_timeout_s,

@@ -115,9 +115,7 @@ class VowpalWabbitPool(PoolBase):
                              low_priority_engines=low_priority_engines)
         group, engines = self._spawn(self.argv, self.vw_args, self.size)
         self._groups[0] = group
-        group.hand_over(engines)
-        for engine in engines:
-            self._roster.add(engine, 0, self._channel_for(engine))
+        self._enlist(engines, 0, group)
 
     # ------------------------------------------------- the driver's part
 

@@ -14,14 +14,13 @@ engines in the background.
 """
 
 import logging
-import numbers
 import os
 import time
 import weakref
 from typing import (Any, Collection, ContextManager, Dict, FrozenSet, Generator, Iterable, List,
                     NamedTuple, Optional, Sequence, Union)
 
-from .client import ClientBase, MetricsHook, ReloadPlan, check_per_item, flag
+from .client import ClientBase, MetricsHook, ReloadPlan, check_per_item, flag, positive_int
 from .command import VwArgs
 from .core.channel import Channel
 from .core.exchanges import format_common_part
@@ -152,9 +151,7 @@ def check_pool_size(size: Optional[int]) -> int:
     """
     if size is None:
         return default_pool_size()
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise ValueError(f"size must be a positive int or None, got {size!r}")
-    return int(size)
+    return positive_int(size, "size", or_none=True)
 
 
 def lanes_wanted(remaining: Optional[int], share: int, held: int,
@@ -188,9 +185,8 @@ class PoolBase(ClientBase):
                         restart_on_crash=True, restart_after_fork=restart_after_fork,
                         prediction_type=prediction_type)
         self.size = check_pool_size(size)
-        self.write_cutoff_s = check_deadline_settings(max_pending_lines, None, None,
-                                                      write_cutoff_s)
-        self.max_pending_lines = int(max_pending_lines)
+        self.write_cutoff_s, self.max_pending_lines, _ = check_deadline_settings(
+            max_pending_lines, None, None, write_cutoff_s)
         self._roster = Roster()
         self.share_weights = flag(share_weights, "share_weights")
         #: in a forked child: the model file its parent's engines loaded, and
@@ -523,9 +519,7 @@ class PoolBase(ClientBase):
         generation = self._roster.generation + 1
         old_groups = list(self._groups.values())
         self._groups = {generation: group}
-        group.hand_over(engines)
-        for engine in engines:
-            self._roster.add(engine, generation, self._channel_for(engine))
+        self._enlist(engines, generation, group)
         self._counters["reloads"] += 1
         return self._roster.switch(generation), old_groups
 
@@ -662,6 +656,16 @@ class PoolBase(ClientBase):
             deadline = min(deadline, until)
         return slot.engine.exited_error("the vw engine exited while no call used it",
                                         deadline=deadline)
+
+    def _enlist(self, engines: List[EngineProcess], generation: int,
+                group: Optional[EngineGroup]) -> None:
+        """Put ``engines``, which ``group`` started, in service for
+        ``generation``: the group hands them over (its close() leaves them
+        to the pool) and the roster deals them to calls."""
+        if group is not None:
+            group.hand_over(engines)
+        for engine in engines:
+            self._roster.add(engine, generation, self._channel_for(engine))
 
     def _channel_for(self, engine: EngineProcess) -> Channel:
         """The channel a started engine serves on: the one its warm-up left
@@ -1041,11 +1045,8 @@ class PoolBase(ClientBase):
         if self._closed or generation != self._roster.generation:
             self._discard(engines, group)
             return False
-        owner = group if group is not None else self._groups.get(generation)
-        if owner is not None:
-            owner.hand_over(engines)
-        for engine in engines:
-            self._roster.add(engine, generation, self._channel_for(engine))
+        self._enlist(engines, generation, group if group is not None
+                     else self._groups.get(generation))
         if replacing:
             self._counters["engines_replaced"] += len(engines)
         self._changed()

@@ -241,12 +241,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """Examples sent (or queued) to the engine whose predictions have not been read."""
         return self._channel.in_flight_lines if self._channel is not None else 0
 
-    def _leftover_lines(self) -> int:
-        """Lines in flight that ended calls left (not those of the call in
-        progress, which may be another thread's)."""
-        channel = self._channel
-        return channel.stale_lines if channel is not None else 0
-
     @property
     def pid(self) -> Optional[int]:
         """The engine's process id."""
