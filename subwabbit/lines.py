@@ -383,7 +383,7 @@ def parts_add_no_label_words(common: str, parts: Sequence[str]) -> bool:
     return header is not None and "\t" not in header and not label_words(" " + header + "|")
 
 
-def _cost_parts(word: str) -> List[str]:
+def cost_parts(word: str) -> List[str]:
     """The parts vw's contextual-bandit label parser reads in a label word:
     its ``:``-separated parts, empty ones dropped (two or more: a cost)."""
     return [part for part in word.split(":") if part]
@@ -407,7 +407,7 @@ def _check_example_label(line: str, what: str, item: bool) -> None:
         raise ValueError(f"{what} has the label {' '.join(words)!r} before its first '|', and "
                          "vw's engine exits on a line of a multi-line example with more than "
                          f"one cost or a cost of more than three parts: {line!r}")
-    if words and not _cost_parts(words[0]):
+    if words and not cost_parts(words[0]):
         raise ValueError(f"{what} has the label {words[0]!r} before its first '|', which vw "
                          "reads as a malformed cost, and its engine then stops reading: "
                          f"{line!r}")
@@ -419,7 +419,7 @@ def _check_one_cost(lines: Sequence[str], shared_lines: int) -> None:
     example with two, whether a formatter or ``train`` wrote them."""
     costed = [index - shared_lines for index, line in enumerate(lines)
               if index >= shared_lines
-              and any(len(_cost_parts(word)) > 1 for word in label_words(line))]
+              and any(len(cost_parts(word)) > 1 for word in label_words(line))]
     if len(costed) > 1:
         raise ValueError(f"formatted items #{costed[0]} and #{costed[1]} both have a cost "
                          "before their first '|', and vw's engine exits on a multi-line "

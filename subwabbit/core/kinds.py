@@ -45,9 +45,9 @@ import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..base import _format_number as _number_text  # a number as vw reads it
-from ..engine.program import TEST_ONLY_OPTIONS, option_name
+from ..engine.program import learns, option_name
 from ..errors import VowpalWabbitProtocolError
-from ..lines import label_words, parse_labels, parse_scalar, parse_scalars
+from ..lines import cost_parts, label_words, parse_labels, parse_scalar, parse_scalars
 
 #: ``prediction_type`` values, each naming a kind.
 SCALAR = "scalar"
@@ -984,7 +984,7 @@ def _check_item_costs(item_parts: List[str]) -> None:
             continue
         for word in label_words(part):
             parts = word.split(":")
-            if len(parts) > 3 or sum(1 for text in parts if text) < 2:
+            if len(parts) > 3 or len(cost_parts(word)) < 2:
                 continue
             problem = (f"{word!r} has a cost but no probability" if len(parts) == 2
                        else _BanditLabels._cost_problem(word, parts))
@@ -1126,12 +1126,6 @@ def learns_by_line_count(options: Sequence[str]) -> bool:
 #: learn by that count's parity, are not moved by a probe's two lines:
 #: :data:`LINE_COUNTING`.)
 MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly", "--rank")
-
-
-def learns(vw_args: Sequence[str]) -> bool:
-    """Whether an engine started with ``vw_args`` learns from labelled
-    lines (no ``-t``/``--testonly``)."""
-    return not any(option_name(token) in TEST_ONLY_OPTIONS for token in vw_args)
 
 
 def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> Optional[str]:

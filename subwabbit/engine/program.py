@@ -53,7 +53,7 @@ import signal
 import stat
 import sys
 import time
-from typing import Any, Iterable, List, NoReturn, Optional, Tuple
+from typing import Any, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 #: Environment variable that chooses the driver: ``vw`` for vw's own driver
 #: always, ``loop`` for the one-thread loop wherever it serves the model;
@@ -475,13 +475,26 @@ class OneThreadLoop:
                 return  # no stdout (closed): vw goes on, its predictions dropped
 
 
-def _error_text(exc: BaseException) -> str:
-    """What the engine said in ``exc``. The bindings turn vw's errors into
-    ``RuntimeError``; one whose message is not UTF-8 (a path's bytes) comes
-    as the ``UnicodeDecodeError`` of decoding it, which holds the message."""
+#: What the bindings raise for vw's errors: ``RuntimeError``, or, for a
+#: message that is not UTF-8 (a path's bytes), the ``UnicodeDecodeError`` of
+#: decoding it, which holds the message.
+_VW_ERRORS = (RuntimeError, UnicodeDecodeError)
+
+
+def _report_error(exc: BaseException) -> None:
+    """Print what the engine said in ``exc`` on stderr, as vw prints it."""
     if isinstance(exc, UnicodeDecodeError) and isinstance(exc.object, bytes):
-        return exc.object.decode("utf-8", "backslashreplace")
-    return str(exc)
+        text = exc.object.decode("utf-8", "backslashreplace")
+    else:
+        text = str(exc)
+    sys.stderr.write(f"vw: {text}\n")
+    sys.stderr.flush()
+
+
+def learns(args: Sequence[str]) -> bool:
+    """Whether an engine started with ``args`` learns from labelled lines
+    (no ``-t``/``--testonly``)."""
+    return not any(option_name(arg) in TEST_ONLY_OPTIONS for arg in args)
 
 
 def _reads_data_file(args: List[str]) -> bool:
@@ -520,8 +533,7 @@ def _start_loop(pylibvw: Any, args: List[str]) -> Optional[OneThreadLoop]:
         return None
     loop_args, final_model = chosen
     workspace = _workspace(pylibvw, loop_args)
-    learns = not any(option_name(arg) in TEST_ONLY_OPTIONS for arg in args)
-    if not _serves(workspace, pylibvw, learns):
+    if not _serves(workspace, pylibvw, learns(args)):
         del workspace  # frees the model; vw's driver loads it again
         return None
     return OneThreadLoop(workspace, pylibvw, final_model)
@@ -559,9 +571,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             loop.workspace.finish()
             exit_now(0)
         return _run_vw_driver(pylibvw, args)
-    except (RuntimeError, UnicodeDecodeError) as exc:
-        sys.stderr.write(f"vw: {_error_text(exc)}\n")
-        sys.stderr.flush()
+    except _VW_ERRORS as exc:
+        _report_error(exc)
         return 1
 
 
@@ -675,7 +686,7 @@ def _serve_forked(loop: OneThreadLoop, fds: List[int]) -> int:
         loop.run()
         loop.workspace.finish()
     except BaseException as exc:  # pylint: disable=broad-except
-        sys.stderr.write(f"vw: {_error_text(exc)}\n")
+        _report_error(exc)
         return 1
     return 0
 
@@ -688,13 +699,13 @@ def _run_vw_driver(pylibvw: Any, args: List[str]) -> int:
     workspace = _workspace(pylibvw, args)
     try:
         workspace.run_parser()
-    except (RuntimeError, UnicodeDecodeError) as exc:
+    except _VW_ERRORS as exc:
         # The learner thread's error (a save command that cannot write its
         # file, say) leaves vw's parser thread running: the workspace's
         # teardown then ended the process with std::terminate (SIGABRT,
         # "terminate called without an active exception"), where the vw
         # executable exits with code 1. End it here, the workspace untouched.
-        sys.stderr.write(f"vw: {_error_text(exc)}\n")
+        _report_error(exc)
         _flush_c_streams()
         exit_now(1)
     if from_stdin and not _input_exhausted():
