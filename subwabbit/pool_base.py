@@ -518,6 +518,10 @@ class PoolBase(ClientBase):
         """
         generation = self._roster.generation + 1
         old_groups = list(self._groups.values())
+        # Their fork servers close within the reload's timeout: close()
+        # ends those still running within its own, as the old engines.
+        self._retiring.add([group.server.engine for group in old_groups
+                            if group.server is not None])
         self._groups = {generation: group}
         self._enlist(engines, generation, group)
         self._counters["reloads"] += 1

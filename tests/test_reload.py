@@ -17,7 +17,7 @@ from subwabbit import (AsyncVowpalWabbitPool, AsyncVowpalWabbitProcess,
                        VowpalWabbitStartupError)
 
 from conftest import (PYTHON, STUBBORN_ENGINE, DictFormatter, common, in_child, items,
-                      proc_stat, process_gone, scoring_args)
+                      proc_stat, process_gone, scoring_args, wait_until)
 
 SYNC = {"blocking": VowpalWabbitProcess, "nonblocking": VowpalWabbitNonBlockingProcess}
 
@@ -401,4 +401,39 @@ def test_close_ends_the_engine_a_reload_replaced_within_its_own_timeout_asyncio_
         for pid in old_pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool"])
+def test_close_ends_the_fork_server_a_reload_retired_within_its_own_timeout(
+        kind, trained_model, second_model):
+    """The old model's fork server, stopped (SIGSTOP) so that it cannot exit
+    within the reload's timeout, is ended by a close() with a shorter one:
+    it went on running after close() had returned, until the reload's
+    SIGKILL (and the thread pool's reload() waited for it)."""
+    classes = {"pool": VowpalWabbitPool, "asyncio-pool": AsyncVowpalWabbitPool}
+    pool = classes[kind](DictFormatter(), scoring_args(trained_model), size=2)
+    loop = asyncio.new_event_loop()
+    run = loop.run_until_complete if kind.startswith("asyncio") else (lambda result: result)
+    server = None
+    try:
+        if kind.startswith("asyncio"):
+            run(pool.start())
+        server = pool._groups[0].server.pid  # pylint: disable=protected-access
+        os.kill(server, signal.SIGSTOP)
+        if kind.startswith("asyncio"):
+            run(pool.reload(scoring_args(second_model), timeout=30.0))
+        else:  # (it returns once the old fork server has exited)
+            threading.Thread(target=pool.reload, args=(scoring_args(second_model), 30.0),
+                             daemon=True).start()
+            assert wait_until(lambda: pool.generation == 1)
+        assert proc_stat(server) is not None  # still closing
+        began = time.perf_counter()
+        run(pool.close(timeout=1.0))
+        assert time.perf_counter() - began < 1.0 + 0.5
+        assert process_gone(server, timeout_s=0.5)
+    finally:  # (never left running)
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGKILL)
         loop.close()
