@@ -852,7 +852,6 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             finally:
                 save.clean_up_after(engine, done, channel.bytes_written != written_before,
                                     self.io_timeout_s)
-        logger.info("vw[%d] saved its model to %s", engine.pid, save.target)
 
     def explain_vw_line(self, vw_line: str, link_function: bool = False) -> Tuple[float, str]:
         """Audit one example: its raw score and the features that made it.

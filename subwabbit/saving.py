@@ -17,6 +17,8 @@ from typing import Any, Optional, Union
 from .errors import VowpalWabbitError
 
 logger = logging.getLogger("subwabbit")
+#: the logger of each engine's life (started, saved a model, exited)
+engine_logger = logging.getLogger("subwabbit.engine")
 
 #: What ``save`` takes as a path (see :class:`ModelSave`).
 SavePath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -63,15 +65,18 @@ class ModelSave:
         return os.path.exists(self.side)
 
     def finish(self, engine: Any) -> None:
-        """Move the side file to the target.
+        """Move the side file to the target, and log the save at INFO on
+        the ``subwabbit.engine`` logger.
 
-        :param engine: the :class:`~subwabbit.engine_process.EngineProcess`, for the error
+        :param engine: the :class:`~subwabbit.engine_process.EngineProcess`, for the
+            error and the log record
         :raises VowpalWabbitError: when the engine wrote no file
         """
         if not self.written():
             raise VowpalWabbitError(f"the vw engine did not write its model to {self.target}",
                                     argv=engine.argv, stderr_tail=engine.stderr_tail())
         os.replace(self.side, self.target)
+        engine_logger.info("vw[%d] saved its model to %s", engine.pid, self.target)
 
     def clean_up(self) -> None:
         """Remove what a failed or abandoned save left beside the target."""

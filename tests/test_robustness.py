@@ -172,6 +172,29 @@ def test_write_only_engine_crash_is_reported_by_the_next_write(tmp_path):
         model.close()
 
 
+@pytest.mark.parametrize("cls", CLASSES + [AsyncVowpalWabbitProcess],
+                         ids=CLASS_IDS + ["asyncio"])
+def test_a_saved_model_is_logged_at_info_on_the_engine_logger(cls, tmp_path, caplog):
+    # The monitoring page lists the models an engine saved among its life on
+    # 'subwabbit.engine' at INFO. The blocking and nonblocking classes logged
+    # them on 'subwabbit', and the asyncio class not at all.
+    path = str(tmp_path / "m.vw")
+    with caplog.at_level(logging.INFO, logger="subwabbit"):
+        if cls is AsyncVowpalWabbitProcess:
+            async def save():
+                async with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+                    await model.save(path)
+                    return model.pid
+            pid = asyncio.run(save())
+        else:
+            with cls(VowpalWabbitDummyFormatter(), ["--quiet"]) as model:
+                model.save(path)
+                pid = model.pid
+    saves = [record for record in caplog.records if "saved its model" in record.getMessage()]
+    assert [(record.name, record.levelname, record.getMessage()) for record in saves] == [
+        ("subwabbit.engine", "INFO", f"vw[{pid}] saved its model to {path}")]
+
+
 # ------------------------------------------------------------------- stalls
 
 def test_blocking_io_timeout_raises_instead_of_waiting_forever(trained_model, tmp_path):
