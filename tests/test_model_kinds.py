@@ -339,6 +339,51 @@ def test_a_named_label_model_file_refuses_a_misspelt_label_before_anything_reach
                                                        tmp_path)]
 
 
+@pytest.mark.parametrize("load, prediction_type, refused", [
+    (["--oaa", "3", "--probabilities"], "class_scores", "contradicts --probabilities"),
+    (["--oaa", "3", "--probabilities", "--scores"], "class_scores",
+     "contradicts --probabilities"),
+    (["--oaa", "3"], "class_probabilities", "needs --probabilities in vw_args"),
+    (["--oaa", "3"], "class_scores", "needs --scores in vw_args"),
+    (["--oaa", "3", "--scores"], "class_probabilities", "needs --probabilities in vw_args"),
+    (["--ect", "3", "--scores"], "class_scores", "with --oaa only; --ect prints the class"),
+    (["-i", "{oaa}", "-t"], "class_probabilities", "needs --probabilities in vw_args"),
+    (["-i", "{oaa}", "-t", "--probabilities"], "class_scores", "contradicts --probabilities"),
+    (["-i", "{ect}", "-t", "--scores"], "class_scores", "with --oaa only; --ect prints"),
+])
+def test_a_prediction_type_that_contradicts_probabilities_or_scores_is_refused_before_start(
+        load, prediction_type, refused, tmp_path):
+    """vw prints probabilities with --oaa --probabilities (whatever --scores
+    says), raw scores with --oaa --scores, and the class alone otherwise:
+    class_scores served probabilities as scores, and the others failed
+    only at start-up, after vw had started, saying to pass prediction_type."""
+    models = {"oaa": _trained_file("oaa", tmp_path), "ect": _trained_file("ect", tmp_path)}
+    args = [token.format(**models) for token in load] + ["--quiet"]
+    for client_kind in ALL_KINDS:
+        with pytest.raises(ValueError, match=f"'{prediction_type}' model .*{refused}"):
+            Client(client_kind, FORMATTER, args, prediction_type=prediction_type)
+
+
+@pytest.mark.parametrize("load, prediction_type, reads", [
+    (["--ect", "3", "--scores"], None, _ints),                   # vw ignores --scores
+    (["-i", "{ect}", "-t", "--scores"], "multiclass", _ints),
+    (["-i", "{oaa}", "-t", "--scores"], "multiclass", _class_dicts),
+    (["-i", "{oaa}", "-t", "--scores"], "class_scores", _class_dicts),
+    (["-i", "{oaa}", "-t", "--probabilities", "--scores"], None, _class_dicts),
+])
+def test_probabilities_and_scores_are_served_as_vw_prints_them(load, prediction_type, reads,
+                                                                tmp_path):
+    models = {"oaa": _trained_file("oaa", tmp_path), "ect": _trained_file("ect", tmp_path)}
+    args = [token.format(**models) for token in load]
+    test = [line for index, size in TEST for line in file_lines("oaa", index, size, False)]
+    expected = reads(engine_from_file(test, args, tmp_path))
+    with VowpalWabbitProcess(FORMATTER, args + ["--quiet"],
+                             prediction_type=prediction_type) as process:
+        got = [prediction for index, size in TEST
+               for prediction in process.predict(*request(index, size))]
+    assert got == expected
+
+
 # ------------------------------------------------- never misattributed
 
 def _expected_requests(name: str, model: str, requests: List[Any], tmp_path: Any) -> List[Any]:

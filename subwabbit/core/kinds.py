@@ -42,7 +42,7 @@ import decimal
 import math
 import numbers
 import re
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..base import _format_number as _number_text  # a number as vw reads it
 from ..engine.program import learns, option_name
@@ -1235,8 +1235,8 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
     inferred = dict(_REDUCTIONS).get(option) if option else None
     if inferred in (MULTICLASS, None) and "--probabilities" in names:
         inferred = CLASS_PROBABILITIES
-    elif inferred == MULTICLASS and "--scores" in names:
-        inferred = CLASS_SCORES
+    elif inferred == MULTICLASS and "--scores" in names and option == "--oaa":
+        inferred = CLASS_SCORES  # (vw ignores --scores with the other reductions)
     if option is not None:
         count = _option_value(source, option)
         reduction = f"{option} {count}" if count else option
@@ -1256,8 +1256,36 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
         chosen = default
     else:
         chosen = inferred or SCALAR
+    if chosen in (CLASS_PROBABILITIES, CLASS_SCORES):
+        _check_class_scores(chosen, origin, names, option)
     # What the arguments say last counts: the file's options come first.
     return _build(chosen, saved + args, origin, _count(source, option) if option else None)
+
+
+def _check_class_scores(chosen: str, origin: str, names: Set[Optional[str]],
+                        option: Optional[str]) -> None:
+    """Refuse a ``class_probabilities`` or ``class_scores`` model whose answers
+    vw would print otherwise.
+
+    vw prints a ``class:value`` pair per class with ``--oaa`` and
+    ``--probabilities`` (probabilities, whatever ``--scores`` says) or
+    ``--scores`` (raw scores); neither is kept in a model file, and without
+    them vw prints the class alone.
+
+    :param origin: what chose the kind, for messages
+    :raises ValueError: naming what is missing or contradicts ``chosen``
+    """
+    flag = "--probabilities" if chosen == CLASS_PROBABILITIES else "--scores"
+    what = f"a {chosen!r} model ({origin})"
+    if option not in (None, "--oaa"):
+        raise ValueError(f"{what} is served with --oaa only; {option} prints the class alone")
+    if chosen == CLASS_SCORES and "--probabilities" in names:
+        raise ValueError(f"{what} contradicts --probabilities in vw_args, with which vw prints "
+                         "probabilities, not raw scores: pass prediction_type="
+                         "'class_probabilities', or leave --probabilities out")
+    if flag not in names:
+        raise ValueError(f"{what} needs {flag} in vw_args: without it vw prints the class "
+                         f"alone (vw does not keep {flag} in a model file)")
 
 
 def _saved_reduction(saved: List[str]) -> Optional[str]:
