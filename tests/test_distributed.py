@@ -472,6 +472,20 @@ def test_arguments_the_nodes_would_refuse_are_refused_before_the_job(bad, error)
                 **options)
 
 
+def test_a_warm_start_with_probabilities_is_left_to_the_nodes_which_read_the_model_file():
+    """The class count of a class_probabilities model may be in the file's
+    header, which the nodes read, not the driver: the driver's check must
+    not ask for --oaa K then, but does without a model file."""
+    formatter = VowpalWabbitDummyFormatter()
+    for prediction_type in ("multiclass", None):
+        job_module._check_node_options(
+            formatter, check_user_args(ARGS + ["-i", "warm.vw", "--probabilities"]), 50,
+            prediction_type)
+        with pytest.raises(ValueError, match="needs its class count"):
+            job_module._check_node_options(formatter, check_user_args(ARGS + ["--probabilities"]),
+                                           50, prediction_type)
+
+
 def test_node_args_add_allreduce_a_cache_for_passes_and_predict_only_for_bfgs():
     base = dict(span_server="10.0.0.1", span_server_port=4000, unique_id=3, total=2, node=1,
                 model_path="/m.vw", cache_path="/c")

@@ -56,8 +56,20 @@ def test_cb_adf_runs_with_rank_all_so_that_every_item_gets_its_score():
 def test_prediction_type_names_the_kind_of_a_model_file():
     assert choose_kind(["-i", "model.vw", "-t"], "cb_explore_adf").multi_line
     # --probabilities is not saved in a model file: given again, it refines multiclass
-    assert choose_kind(["-i", "m", "--probabilities"], "multiclass").name == "class_probabilities"
-    assert choose_kind(["-i", "m", "--probabilities"]).name == "class_probabilities"
+    saved = ["--oaa", "3"]
+    assert choose_kind(["-i", "m", "--probabilities"], "multiclass",
+                       saved_options=saved).name == "class_probabilities"
+    assert choose_kind(["-i", "m", "--probabilities"],
+                       saved_options=saved).name == "class_probabilities"
+    # with neither the file nor the arguments showing the class count, a tag
+    # after the pairs ('4:9') could not be told from a class
+    for prediction_type in ("multiclass", "class_probabilities", None):
+        with pytest.raises(ValueError, match="needs its class count"):
+            choose_kind(["-i", "m", "--probabilities"], prediction_type)
+    assert choose_kind(["-i", "m", "--oaa", "3", "--probabilities"], "multiclass"
+                       ).classes.count == 3
+    assert choose_kind(["-i", "m", "--probabilities", "--named_labels", "a,b"], "multiclass"
+                       ).classes.count == 2
     assert choose_kind(["--oaa", "3"], "multiclass").classes.count == 3
     with pytest.raises(ValueError, match=r"prediction_type='cb' contradicts --oaa 3 in vw_args"):
         choose_kind(["--oaa", "3"], "cb")
@@ -222,7 +234,7 @@ def test_audit_mode_serves_scalar_models_only():
     (["--oaa", "3", "--probabilities"], [b"1:0.49419 2:0.222674 3:0.283136",
                                          b"1:0.333333 2:0.333333 3:0.333333 t1"],
      [{1: 0.49419, 2: 0.222674, 3: 0.283136}, {1: 0.333333, 2: 0.333333, 3: 0.333333}]),
-    (["-i", "m", "--probabilities"], [b"1:0.5 2:0.5 7"], [{1: 0.5, 2: 0.5}]),
+    (["-i", "m", "--oaa", "2", "--probabilities"], [b"1:0.5 2:0.5 2:7"], [{1: 0.5, 2: 0.5}]),
     (["--oaa", "3", "--scores"], [b"1:0.506931 2:-0.506931 3:-0.506931"],
      [{1: 0.506931, 2: -0.506931, 3: -0.506931}]),
     (["--multilabel_oaa", "3"], [b"0,2 ", b" ", b"  t1", b"1  t2"], [[0, 2], [], [], [1]]),
@@ -383,7 +395,8 @@ def test_every_kind_is_documented_by_name():
                           "class_scores", "multilabel", "label_strings", "cb", "cb_explore",
                           "cb_adf", "cb_explore_adf"}
     # (vw prints class pairs only with --probabilities or --scores, kept in no model file)
-    flags = {"class_probabilities": ["--probabilities"], "class_scores": ["--scores"]}
+    flags = {"class_probabilities": ["--oaa", "3", "--probabilities"],
+             "class_scores": ["--oaa", "3", "--scores"]}
     for name in KINDS:
         assert choose_kind(["-i", "m"] + flags.get(name, []), name).name == name
 

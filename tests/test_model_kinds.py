@@ -384,6 +384,34 @@ def test_probabilities_and_scores_are_served_as_vw_prints_them(load, prediction_
     assert got == expected
 
 
+@pytest.mark.parametrize("prediction_type, flag", [
+    ("class_probabilities", "--probabilities"), ("class_scores", "--scores"),
+    ("multiclass", "--probabilities"), (None, "--probabilities")])
+def test_a_tag_after_class_pairs_is_never_read_as_a_class_when_the_file_hides_the_count(
+        prediction_type, flag, tmp_path, monkeypatch):
+    """A header subwabbit cannot read leaves the class count unknown: the
+    tag vw prints after an answer's pairs ('3:9') was read as class 3's
+    probability, 9.0 (and '4:9' as a class 4). Now the count is asked for
+    before vw starts, and with --oaa K given again the tags are left out."""
+    model = _trained_file("oaa", tmp_path)
+    monkeypatch.setattr(client_module, "saved_options_of", lambda vw_args: [])
+    args = ["-i", model, "-t", flag]
+    for client_kind in ALL_KINDS:
+        with pytest.raises(ValueError, match="needs its class count.*pass --oaa K"):
+            Client(client_kind, FORMATTER, args + ["--quiet"], prediction_type=prediction_type)
+    items = ["'3:9 |i i1 c1", "'4:9 |i i2 c2", "'1:0.5:7 |i i3 c3", "|i i4 c4", "'x |i i5 c5"]
+    expected = [{int(label): float(value) for label, value in
+                 (token.split(b":") for token in line.split()[:3])}
+                for line in engine_from_file(items, args, tmp_path)]
+    for client_kind in ALL_KINDS:
+        client = Client(client_kind, VowpalWabbitDummyFormatter(), args + ["--oaa", "3", "--quiet"],
+                        prediction_type=prediction_type)
+        try:
+            assert client.predict("", items) == expected
+        finally:
+            client.close()
+
+
 # ------------------------------------------------- never misattributed
 
 def _expected_requests(name: str, model: str, requests: List[Any], tmp_path: Any) -> List[Any]:

@@ -1195,7 +1195,7 @@ def refuse_in_audit_mode(vw_args: Sequence[str]) -> None:
 
 def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
                 default: Optional[str] = None,
-                saved_options: Sequence[str] = ()) -> PredictionKind:
+                saved_options: Optional[Sequence[str]] = ()) -> PredictionKind:
     """The kind of model the engine arguments, the model file's saved options
     or ``prediction_type`` describe.
 
@@ -1210,7 +1210,10 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
         ``vw_args`` load (:func:`subwabbit.model_file.saved_options_of`):
         its reduction decides the kind when ``vw_args`` name none, and its
         ``--named_labels``, ``--indexing`` and ``--cb_force_legacy`` count
-        (vw refuses to start when ``vw_args`` give other values)
+        (vw refuses to start when ``vw_args`` give other values); ``None``
+        when they are not read here (a distributed job's driver: each
+        node reads them), which leaves what they may tell (a class count)
+        to the nodes' own check
     :raises ValueError: for an unknown ``prediction_type``, one that
         contradicts the arguments or the file, or a reduction subwabbit
         cannot serve
@@ -1224,7 +1227,7 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
     option = next((option for option, _ in _REDUCTIONS if option in names), None)
     where = "in vw_args"
     source = args
-    saved = list(saved_options)
+    saved = list(saved_options or ())
     if option is None and saved:
         option = _saved_reduction(saved)
         if option is not None:
@@ -1256,10 +1259,18 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
         chosen = default
     else:
         chosen = inferred or SCALAR
+    classes = _count(source, option) if option else None
     if chosen in (CLASS_PROBABILITIES, CLASS_SCORES):
         _check_class_scores(chosen, origin, names, option)
+        if (classes is None and saved_options is not None
+                and not _option_value(saved + args, "--named_labels")):
+            raise ValueError(
+                f"a {chosen!r} model ({origin}) needs its class count, which neither vw_args "
+                "nor the model file show: pass --oaa K in vw_args, as the model was trained "
+                "(vw takes it again with -i); without it the tag an answer may carry after "
+                "its class pairs (such as '4:9') would be read as one more class")
     # What the arguments say last counts: the file's options come first.
-    return _build(chosen, saved + args, origin, _count(source, option) if option else None)
+    return _build(chosen, saved + args, origin, classes)
 
 
 def _check_class_scores(chosen: str, origin: str, names: Set[Optional[str]],

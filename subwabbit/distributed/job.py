@@ -24,6 +24,7 @@ from ..client import check_formatter_and_batch_size
 from ..command import VwArgs
 from ..core.kinds import choose_kind
 from ..deadlines import validate_seconds
+from ..model_file import model_file_path
 from .args import check_user_args
 from .errors import DistributedTrainingError
 from .node import NodeReport, NodeSpec, run_node
@@ -120,7 +121,8 @@ def _check_node_options(formatter: Any, tokens: List[str], batch_size: Any,
     # The kind the nodes' processes choose (a model file's saved options are
     # read on the workers): an unknown prediction_type, one that contradicts
     # the reduction in vw_args, or a reduction subwabbit cannot serve.
-    choose_kind(tokens, prediction_type)
+    choose_kind(tokens, prediction_type,
+                saved_options=None if model_file_path(tokens) is not None else ())
 
 
 def _check_port(port: Any) -> int:
