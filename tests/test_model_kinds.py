@@ -315,6 +315,29 @@ def test_a_legacy_cb_model_file_is_served_in_the_format_it_saved(tmp_path):
             assert list(model.predict("", ["|a y"])) == [2]
 
 
+def test_a_legacy_cb_explore_tag_is_never_read_as_a_probability_when_the_file_hides_the_count(
+        tmp_path, monkeypatch):
+    """With ``--cb_force_legacy`` vw prints the probabilities, each ending
+    with a space, then the tag: with the action count unknown (a header
+    subwabbit cannot read), a tag '0.5' was read as a fourth probability."""
+    path = str(tmp_path / "legacy.vw")
+    engine_from_file(["1:1:0.5 |a x", "2:0:0.5 |a y"], ["--cb_explore", "3", "--cb_force_legacy",
+                                                        "-f", path], tmp_path)
+    items = ["'0.5 |a y", "|a y", "'x |a x", "'1 |a x"]
+    args = ["-i", path, "-t", "--cb_force_legacy"]
+    expected = [[float(value) for value in line.split(b" ")[:3]]
+                for line in engine_from_file(items, args, tmp_path)]
+    monkeypatch.setattr(client_module, "saved_options_of", lambda vw_args: [])
+    for client_kind in ALL_KINDS:
+        client = Client(client_kind, VowpalWabbitDummyFormatter(), args + ["--quiet"],
+                        prediction_type="cb_explore")
+        try:
+            assert client.model.prediction_kind.count is None
+            assert client.predict("", items) == expected
+        finally:
+            client.close()
+
+
 @pytest.mark.parametrize("prediction_type", [None, "multiclass"])
 def test_a_named_label_model_file_refuses_a_misspelt_label_before_anything_reaches_vw(
         prediction_type, tmp_path):

@@ -852,10 +852,12 @@ class CbExploreKind(CbKind):
 
     def parse_line(self, line: bytes) -> Any:
         if self.legacy:
+            # vw ends each probability with a space, and prints the tag
+            # after one more: the first empty word ends the probabilities
             values: List[float] = []
-            for token in line.split():
-                if self.count is not None and len(values) == self.count:
-                    break  # a tag follows
+            for token in line.split(b" "):
+                if not token or (self.count is not None and len(values) == self.count):
+                    break  # a tag follows, or nothing
                 try:
                     values.append(float(token))
                 except ValueError:
