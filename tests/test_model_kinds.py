@@ -200,6 +200,27 @@ def test_train_then_predict_equals_the_engine_reading_a_file(name, client_kind, 
         client.close()
 
 
+@pytest.mark.parametrize("name", ["ect", "log_multi", "recall_tree"])
+def test_indexing_0_which_vw_ignores_with_the_other_multiclass_reductions_keeps_classes_from_1(
+        name, tmp_path):
+    """vw reads --indexing with --oaa and --csoaa only (with a warning
+    otherwise): an --ect 3 --indexing 0 model has classes 1 to 3, and
+    skips an example labelled 0. subwabbit counted them from 0, refused
+    label 3 and sent label 0."""
+    kind = KINDS[name]
+    lines = [line for index in TRAIN for line in file_lines(name, index)]
+    test = [line for index, size in TEST for line in file_lines(name, index, size, False)]
+    raw = engine_from_file(lines + test, kind.args + ["--indexing", "0"], tmp_path)
+    flat = kind.read(raw)[-sum(size for _, size in TEST):]
+    with VowpalWabbitProcess(FORMATTER, kind.args + ["--indexing", "0", "--quiet"]) as process:
+        with pytest.raises(ValueError, match="vw's class labels start at 1"):
+            process.train(*request(0, 1), [0])
+        _train_all(process, name)
+        got = [prediction for index, size in TEST
+               for prediction in process.predict(*request(index, size))]
+    assert got == flat
+
+
 @pytest.mark.parametrize("name", list(KINDS))
 def test_write_only_training_saves_the_model_the_file_trains(name, tmp_path):
     kind = KINDS[name]

@@ -1272,7 +1272,7 @@ def choose_kind(vw_args: Sequence[str], prediction_type: Optional[str] = None,
                 "(vw takes it again with -i); without it the tag an answer may carry after "
                 "its class pairs (such as '4:9') would be read as one more class")
     # What the arguments say last counts: the file's options come first.
-    return _build(chosen, saved + args, origin, classes)
+    return _build(chosen, saved + args, origin, classes, option)
 
 
 def _check_class_scores(chosen: str, origin: str, names: Set[Optional[str]],
@@ -1315,11 +1315,18 @@ def _saved_reduction(saved: List[str]) -> Optional[str]:
     return option
 
 
-def _build(chosen: str, args: List[str], origin: str, count: Optional[int]) -> PredictionKind:
+#: The reductions that read ``--indexing`` (vw ignores it with ``--ect``,
+#: ``--log_multi`` and ``--recall_tree``, whose classes count from 1)
+_INDEXED = ("--oaa", "--csoaa")
+
+
+def _build(chosen: str, args: List[str], origin: str, count: Optional[int],
+           option: Optional[str]) -> PredictionKind:
     if chosen in (MULTICLASS, COST_SENSITIVE, CLASS_PROBABILITIES, CLASS_SCORES):
         names_value = _option_value(args, "--named_labels")
         names = tuple(names_value.split(",")) if names_value else None
-        first = 0 if _option_value(args, "--indexing") == "0" else 1
+        first = 0 if (_option_value(args, "--indexing") == "0"
+                      and option in (None,) + _INDEXED) else 1
         classes = _Classes(len(names) if names else count, first, names)
         factory: Callable[..., PredictionKind] = {
             MULTICLASS: MulticlassKind, COST_SENSITIVE: CostSensitiveKind,
