@@ -359,6 +359,24 @@ def test_a_legacy_cb_explore_tag_is_never_read_as_a_probability_when_the_file_hi
             client.close()
 
 
+@pytest.mark.parametrize("reduction", ["--oaa", "--csoaa"])
+def test_named_labels_with_indexing_0_are_refused_before_vw_starts(reduction, tmp_path):
+    """vw numbers --named_labels from 1 and, with --indexing 0, the classes
+    from 0: it warns that the last name is not a class, and answers class 0
+    with an empty line, which start-up or a later call failed on."""
+    names = ["--named_labels", "walk,run,sprint", "--indexing", "0"]
+    path = str(tmp_path / "named.vw")
+    labels = (["walk", "run", "sprint"] if reduction == "--oaa"
+              else ["walk:0 run:1 sprint:1", "run:0 walk:1 sprint:1", "sprint:0 walk:1 run:1"])
+    engine_from_file([f"{label} |a {feature}" for label, feature in zip(labels, "xyz")],
+                     [reduction, "3"] + names + ["-f", path], tmp_path)
+    assert engine_from_file(["|a x"], [reduction, "3"] + names, tmp_path) == [b""]
+    for args in ([reduction, "3"] + names, ["-i", path, "-t"]):
+        for client_kind in ALL_KINDS:
+            with pytest.raises(ValueError, match="cannot serve --named_labels with --indexing 0"):
+                Client(client_kind, VowpalWabbitDummyFormatter(), args + ["--quiet"])
+
+
 @pytest.mark.parametrize("prediction_type", [None, "multiclass"])
 def test_a_named_label_model_file_refuses_a_misspelt_label_before_anything_reaches_vw(
         prediction_type, tmp_path):

@@ -1327,6 +1327,11 @@ def _build(chosen: str, args: List[str], origin: str, count: Optional[int],
         names = tuple(names_value.split(",")) if names_value else None
         first = 0 if (_option_value(args, "--indexing") == "0"
                       and option in (None,) + _INDEXED) else 1
+        if names is not None and first == 0:
+            raise ValueError(f"{origin}: subwabbit cannot serve --named_labels with --indexing "
+                             "0: vw numbers the names from 1 and the classes from 0, so it "
+                             "cannot learn the last name, and answers class 0 with an empty "
+                             "line")
         classes = _Classes(len(names) if names else count, first, names)
         factory: Callable[..., PredictionKind] = {
             MULTICLASS: MulticlassKind, COST_SENSITIVE: CostSensitiveKind,
