@@ -359,6 +359,25 @@ def test_a_legacy_cb_explore_tag_is_never_read_as_a_probability_when_the_file_hi
             client.close()
 
 
+@pytest.mark.parametrize("flag", ["--probabilities", "--scores"])
+def test_class_names_holding_a_colon_get_their_probabilities_or_scores(flag, tmp_path):
+    """vw prints ``a:b:0.56 c:0.44`` for the names ``a:b`` and ``c``: the
+    value is after the last ':' (the first one's split failed start-up)."""
+    args = ["--oaa", "2", "--named_labels", "a:b,c", flag]
+    lines = ["a:b |a x", "c |a y"] * 3
+    expected = [{name.decode(): float(value) for name, value in
+                 (token.rsplit(b":", 1) for token in line.split())}
+                for line in engine_from_file(lines + ["|a x", "|a y"], args, tmp_path)[-2:]]
+    for client_kind in ALL_KINDS:
+        client = Client(client_kind, VowpalWabbitDummyFormatter(), args + ["--quiet"])
+        try:
+            for _ in range(3):
+                client.train("", ["|a x", "|a y"], ["a:b", "c"])
+            assert client.predict("", ["|a x", "|a y"]) == expected
+        finally:
+            client.close()
+
+
 @pytest.mark.parametrize("reduction", ["--oaa", "--csoaa"])
 def test_named_labels_with_indexing_0_are_refused_before_vw_starts(reduction, tmp_path):
     """vw numbers --named_labels from 1 and, with --indexing 0, the classes

@@ -641,7 +641,8 @@ class ClassScoresKind(MulticlassKind):
         for token in line.split():
             if count is not None and len(scores) == count:
                 break  # a tag follows
-            klass, colon, value = token.partition(b":")
+            # (the value is last: a --named_labels name may hold a ':')
+            klass, colon, value = token.rpartition(b":")
             try:
                 if not colon:
                     raise ValueError()
