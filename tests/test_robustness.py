@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -154,6 +155,38 @@ def test_restart_on_crash_restarts_once_counts_and_logs(cls, trained_model, tmp_
         # a healthy process does not restart again
         assert list(model.predict(common, items, metrics=metrics)) == pytest.approx(expected)
         assert metrics["restarts"] == 0 and model.restart_count == 1
+
+
+#: A vw stand-in that answers its start-up probes with 0, and every other
+#: example with 0.25 and a tag of as many megabytes as its argument says
+#: (vw prints an example's tag after its prediction, on the same line).
+LONG_LINE_ENGINE = textwrap.dedent("""
+    import sys
+    answered = 0
+    tag = b"t" * (int(sys.argv[1]) << 20)
+    for line in sys.stdin.buffer:
+        if line == b"\\n":
+            continue  # vw answers nothing to an empty line
+        answered += 1
+        sys.stdout.buffer.write(b"0\\n" if answered <= 2 else b"0.25 " + tag + b"\\n")
+        sys.stdout.buffer.flush()
+""")
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_a_long_answer_line_is_read_in_time_linear_in_its_length(cls, tmp_path):
+    """An answer line of 48 MB (a long tag) is read within a deadline of
+    15 s: the start of a line still without its newline was joined again at
+    every read, so that reading a line of N bytes cost O(N**2) (40 MB took
+    85 s)."""
+    script = tmp_path / "long_lines.py"
+    script.write_text(LONG_LINE_ENGINE)
+    # (the blocking class, told to return at most 0.5 s after its deadline)
+    bounded = {"max_lateness_s": 0.5} if cls is VowpalWabbitProcess else {}
+    with cls(VowpalWabbitDummyFormatter(), [], vw_command=[sys.executable, str(script), "48"],
+             **bounded) as model:
+        assert list(model.predict("|a", ["|b x"], timeout=15.0)) == [0.25]
+        assert list(model.predict("|a", ["|b y", "|b z"], timeout=15.0)) == [0.25, 0.25]
 
 
 def test_write_only_engine_crash_is_reported_by_the_next_write(tmp_path):

@@ -234,7 +234,10 @@ class Channel:
         self._out = bytearray()   # bytes queued and not yet cut off after writing
         self._out_off = 0         # index in _out of the first byte not written
         self._out_base = 0        # stream position of _out[0]
-        self._partial = b""       # the start of an output line whose newline has not come
+        #: the start of an output line whose newline has not come, in the pieces
+        #: that reads returned (joined once the newline comes: joining at every
+        #: read made a line of N bytes cost O(N**2))
+        self._partial: List[bytes] = []
         self._segments: Deque[_Segment] = collections.deque()
         self._current: Optional[Call] = None
         #: example and probe lines whose answers have not all arrived (all calls)
@@ -502,12 +505,16 @@ class Channel:
         """
         self._changing += 1
         self.bytes_received += len(data)
-        if self._partial:
-            data = self._partial + data
         lines = data.split(b"\n")
-        self._partial = lines.pop()
+        rest = lines.pop()
         if lines:
+            if self._partial:
+                self._partial.append(lines[0])
+                lines[0] = b"".join(self._partial)
+            self._partial = [rest] if rest else []
             self._hand_out(lines)
+        elif rest:
+            self._partial.append(rest)
         self._changing -= 1
         return len(lines)
 
