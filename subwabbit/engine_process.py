@@ -44,6 +44,8 @@ _EXAMPLE_ERROR = re.compile(r"vw:? example #\d+")
 
 _READ_CHUNK = 1 << 16
 _STDERR_TAIL_LINES = 50
+#: The bytes of one stderr line that are logged and kept for error messages.
+_STDERR_LINE_LIMIT = 4096
 # select() takes a timeout with microsecond resolution (poll() rounds to whole
 # milliseconds, which is a tenth of a 10 ms budget); it only handles fds below
 # FD_SETSIZE, so poll() is the fallback for busy processes.
@@ -83,7 +85,13 @@ def _forward_stderr(fd: int, tail: Deque[str], pid: int, shared: _SharedStream) 
 
 
 def _log_stderr(fd: int, tail: Deque[str], pid: int) -> None:
-    pending = b""
+    # Only the new chunk is split, and a line keeps its first
+    # _STDERR_LINE_LIMIT bytes: splitting all that a line without a newline
+    # had printed so far at every read made an engine that printed a long one
+    # wait for its stderr pipe (a line of N bytes cost O(N**2)), and the whole
+    # line went into the log and into error messages.
+    head = b""  # the start of the line whose newline has not come
+    dropped = 0  # the bytes of that line beyond _STDERR_LINE_LIMIT
     while True:
         try:
             chunk = os.read(fd, _READ_CHUNK)
@@ -91,19 +99,35 @@ def _log_stderr(fd: int, tail: Deque[str], pid: int) -> None:
             chunk = b""
         if not chunk:
             break
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if not line:
-                continue
-            tail.append(line)
-            level = logging.INFO if line.startswith("[info]") else logging.WARNING
-            logger.log(level, "vw[%d]: %s", pid, line)
-    if pending.strip():
-        line = pending.decode("utf-8", "replace").rstrip()
-        tail.append(line)
-        logger.warning("vw[%d]: %s", pid, line)
+        pieces = chunk.split(b"\n")
+        last = len(pieces) - 1
+        for index, piece in enumerate(pieces):
+            room = _STDERR_LINE_LIMIT - len(head)
+            if len(piece) > room:
+                dropped += len(piece) - room
+                piece = piece[:room]
+            head += piece
+            if index < last:  # its newline came
+                _log_stderr_line(head, dropped, tail, pid, complete=True)
+                head, dropped = b"", 0
+    _log_stderr_line(head, dropped, tail, pid, complete=False)
+
+
+def _log_stderr_line(raw: bytes, dropped: int, tail: Deque[str], pid: int,
+                     complete: bool) -> None:
+    """Log one line of the engine's stderr and keep it in ``tail`` (not an empty one).
+
+    :param dropped: how many bytes of the line were not kept
+    :param complete: whether its newline came (else it is logged as a warning)
+    """
+    line = raw.decode("utf-8", "replace").rstrip()
+    if dropped:
+        line += f" [... {dropped} more bytes]"
+    if not line:
+        return
+    tail.append(line)
+    level = logging.INFO if complete and line.startswith("[info]") else logging.WARNING
+    logger.log(level, "vw[%d]: %s", pid, line)
 
 
 def _discard_stdout(fd: int, pid: int) -> None:

@@ -189,6 +189,54 @@ def test_a_long_answer_line_is_read_in_time_linear_in_its_length(cls, tmp_path):
         assert list(model.predict("|a", ["|b y", "|b z"], timeout=15.0)) == [0.25, 0.25]
 
 
+#: A vw stand-in that answers its start-up probes with 0, and every other
+#: example with 0.25 after a warning of as many megabytes as its argument
+#: says on stderr; it exits when it reads "exit".
+LONG_WARNING_ENGINE = textwrap.dedent("""
+    import sys
+    answered = 0
+    warning = b"[warning] " + b"w" * (int(sys.argv[1]) << 20) + b"\\n"
+    for line in sys.stdin.buffer:
+        if line == b"\\n":
+            continue  # vw answers nothing to an empty line
+        if b"exit" in line:
+            sys.exit(3)
+        answered += 1
+        if answered > 2:
+            sys.stderr.buffer.write(warning)
+            sys.stderr.buffer.flush()
+        sys.stdout.buffer.write(b"0\\n" if answered <= 2 else b"0.25\\n")
+        sys.stdout.buffer.flush()
+""")
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_a_long_stderr_line_neither_stalls_the_engine_nor_floods_logs_and_errors(
+        cls, tmp_path, caplog):
+    """An engine that prints a warning of 48 MB on stderr is drained in time
+    for a call with a deadline of 15 s, and the warning's first 4 KB go into
+    the log (once) and into the error of its exit: the reader split all that
+    a line had printed so far at every read (a line of N bytes cost O(N**2):
+    the engine waited for its stderr pipe), and logged and kept the whole
+    line."""
+    script = tmp_path / "long_warnings.py"
+    script.write_text(LONG_WARNING_ENGINE)
+    bounded = {"max_lateness_s": 0.5} if cls is VowpalWabbitProcess else {}
+    caplog.set_level(logging.INFO, logger="subwabbit.engine")
+    with cls(VowpalWabbitDummyFormatter(), [], vw_command=[sys.executable, str(script), "48"],
+             **bounded) as model:
+        assert list(model.predict("|a", ["|b x"], timeout=15.0)) == [0.25]
+        engine_pid = model.pid
+        with pytest.raises(VowpalWabbitEngineExitedError) as caught:
+            list(model.predict("|a", ["|b exit"], timeout=15.0))
+    assert caught.value.returncode == 3
+    assert caught.value.stderr_tail == "[warning] " + "w" * (4096 - 10) + (
+        f" [... {(48 << 20) + 10 - 4096} more bytes]")
+    logged = [record.getMessage() for record in caplog.records
+              if record.name == "subwabbit.engine" and "[warning]" in record.getMessage()]
+    assert logged == [f"vw[{engine_pid}]: {caught.value.stderr_tail}"]
+
+
 def test_write_only_engine_crash_is_reported_by_the_next_write(tmp_path):
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], write_only=True)
     try:
