@@ -31,7 +31,7 @@ from .deadlines import deadline_from_timeout, required_seconds, warn_if_millisec
 from .engine_group import EngineGroup
 from .engine_process import EngineProcess
 from .unserved_engines import RetiringEngines
-from .errors import VowpalWabbitBusyError, VowpalWabbitError
+from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError
 from .model_file import FileIdentity, model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, pump, stuck_engine_error,
@@ -872,7 +872,14 @@ class PoolBase(ClientBase):
             now = _clock()
             for lane in exchange.stuck_lanes(now):
                 self._fail_lane(exchange, lane, exchange.idle_error())
-            results += exchange.step(now)
+            try:
+                results += exchange.step(now)
+            except VowpalWabbitProtocolError as exc:
+                # An engine printed what is no prediction: it serves no other call.
+                unparsable = exchange.unparsable_lane
+                if unparsable is not None and unparsable in exchange.lanes:
+                    self._fail_lane(exchange, unparsable, exc)
+                raise
             if exchange.done:
                 return most
             if self._closed:  # closed during the step (a slow formatter): its engines

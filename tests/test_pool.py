@@ -5,6 +5,7 @@ Every prediction is compared with what the engine prints for the same lines
 read from a file, for the model that served the call.
 """
 
+import asyncio
 import gc
 import json
 import logging
@@ -15,6 +16,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -22,7 +24,8 @@ import weakref
 
 import pytest
 
-from subwabbit import VowpalWabbitError, VowpalWabbitPool, VowpalWabbitStartupError
+from subwabbit import (AsyncVowpalWabbitPool, VowpalWabbitDummyFormatter, VowpalWabbitError,
+                       VowpalWabbitPool, VowpalWabbitProtocolError, VowpalWabbitStartupError)
 from subwabbit.command import default_engine_command
 from subwabbit.core.split import SplitPredictExchange
 from subwabbit.engine_group import LOW_PRIORITY_NICE
@@ -425,6 +428,65 @@ def test_a_killed_engine_is_replaced_and_calls_stay_exact(pool, trained_model, t
     assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
     assert stats["engines"] == 2 and victim not in pool.engine_pids()
     assert pool.predict(common(4), items(3000)) == truth[trained_model][4]
+
+
+#: A vw stand-in that answers each example with the number that ends its
+#: line (0 for a start-up probe). The first engine started with a given
+#: marker file (the second argument) prints an unparsable line before its
+#: answer to the first example after the probes, and answers the third one
+#: 0.3 s late; the others behave.
+UNPARSABLE_LINE_ENGINE = textwrap.dedent("""
+    import os, sys, time
+    misbehaves = not os.path.exists(sys.argv[1])
+    open(sys.argv[1], "a").close()
+    answered = 0
+    for line in sys.stdin.buffer:
+        if line == b"\\n":
+            continue  # vw answers nothing to an empty line
+        answered += 1
+        if misbehaves and answered == 3:
+            sys.stdout.buffer.write(b"garbage\\n")
+        if misbehaves and answered == 5:
+            sys.stdout.buffer.flush()
+            time.sleep(0.3)
+        number = line.split()[-1]
+        sys.stdout.buffer.write(number + b"\\n" if number != b"|" else b"0\\n")
+        sys.stdout.buffer.flush()
+""")
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_an_engine_that_printed_an_unparsable_answer_serves_no_other_call(kind, tmp_path):
+    """An engine whose answers could not be parsed no longer knows which
+    answer is whose: its call raises, and it is replaced, as the process
+    classes replace theirs. It went back into service, and the next call
+    got the answer the first call's last item was owed ([3.0, 4.0, 5.0])."""
+    script = tmp_path / "unparsable.py"
+    script.write_text(UNPARSABLE_LINE_ENGINE)
+    arguments = dict(vw_command=[sys.executable, str(script), str(tmp_path / "started")],
+                     size=1)
+    first_items, second_items = ["|b 1", "|b 2", "|b 3"], ["|b 4", "|b 5", "|b 6"]
+
+    def check(first, second, stats):
+        assert isinstance(first, VowpalWabbitProtocolError) and "garbage" in str(first)
+        assert second == [4.0, 5.0, 6.0]
+        assert stats["engine_failures"] == 1 and stats["engines_replaced"] == 1
+
+    if kind == "threads":
+        with VowpalWabbitPool(VowpalWabbitDummyFormatter(), [], **arguments) as pool:
+            with pytest.raises(VowpalWabbitProtocolError) as caught:
+                pool.predict("|a", first_items, timeout=5.0)
+            check(caught.value, pool.predict("|a", second_items, timeout=5.0), pool.stats())
+        return
+
+    async def calls():
+        async with AsyncVowpalWabbitPool(VowpalWabbitDummyFormatter(), [], **arguments) as pool:
+            with pytest.raises(VowpalWabbitProtocolError) as caught:
+                await pool.predict("|a", first_items, timeout=5.0)
+            check(caught.value, await pool.predict("|a", second_items, timeout=5.0),
+                  pool.stats())
+
+    asyncio.run(calls())
 
 
 @pytest.mark.parametrize("share", [True, False])

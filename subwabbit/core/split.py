@@ -69,7 +69,7 @@ import math
 from typing import (Any, Callable, Deque, Dict, Generic, Hashable, Iterable, Iterator, List,
                     Optional, Sequence, Tuple, TypeVar)
 
-from ..errors import VowpalWabbitTimeoutError
+from ..errors import VowpalWabbitProtocolError, VowpalWabbitTimeoutError
 from .channel import Call, Channel
 from .exchanges import FormatterSpeed, Parser, _line_joiner, check_item_parts, format_next
 
@@ -243,6 +243,9 @@ class SplitPredictExchange(Generic[Key]):
         self.returned = 0
         #: engines that failed during the call
         self.failed_lanes = 0
+        #: the lane whose answers a step could not parse (its engine failed:
+        #: which answer is whose is no longer known), if any
+        self.unparsable_lane: Optional[Lane[Key]] = None
         #: lines dealt a second time, to another lane (see the module's text)
         self.hedged_lines = 0
         #: the formatted lines of the call's first batch (``None`` before it
@@ -684,7 +687,11 @@ class SplitPredictExchange(Generic[Key]):
 
     def _collect(self) -> None:
         for lane in self.lanes:
-            self._collect_lane(lane)
+            try:
+                self._collect_lane(lane)
+            except VowpalWabbitProtocolError:
+                self.unparsable_lane = lane
+                raise
 
     def _collect_lane(self, lane: Lane[Key]) -> None:
         answers = lane.call.take_answers()
