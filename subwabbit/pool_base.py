@@ -1018,7 +1018,7 @@ class PoolBase(ClientBase):
 
     def _fail_lane(self, exchange: SplitPredictExchange[Slot], lane: Lane[Slot],
                    error: BaseException) -> None:
-        exchange.fail_lane(lane)
+        exchange.fail_lane(lane, keep_answers=not isinstance(error, VowpalWabbitProtocolError))
         if exchange.failed_lanes > max(2, self.size):
             # The call's own lines keep failing engines: stop dealing them out.
             self._fail_slot(lane.key, error)

@@ -489,6 +489,62 @@ def test_an_engine_that_printed_an_unparsable_answer_serves_no_other_call(kind, 
     asyncio.run(calls())
 
 
+#: A vw stand-in that answers each example with the number that ends its
+#: line (0 for a start-up probe), all the lines of one read in one write.
+#: The first engine started with a given marker file (the second argument)
+#: answers every example after the probes twice (the number, then the
+#: number + 0.5); the others behave.
+DOUBLE_ANSWER_ENGINE = textwrap.dedent("""
+    import os, sys
+    misbehaves = not os.path.exists(sys.argv[1])
+    open(sys.argv[1], "a").close()
+    answered = 0
+    pending = b""
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\\n")
+        out = []
+        for line in lines:
+            if not line:
+                continue  # vw answers nothing to an empty line
+            answered += 1
+            number = line.split()[-1]
+            out.append(b"0" if number == b"|" else number)
+            if misbehaves and answered > 2:
+                out.append(number + b".5")
+        if out:
+            os.write(1, b"\\n".join(out) + b"\\n")
+""")
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_answers_read_with_a_line_nobody_was_owed_are_not_given(kind, tmp_path):
+    """An engine that printed more lines than it was sent examples is out of
+    step: the answers that came in the read that showed it are dropped with
+    its engine, and its items are served by another (the process classes
+    raise). The call got them: [1.0, 1.5, 2.0]."""
+    script = tmp_path / "double.py"
+    script.write_text(DOUBLE_ANSWER_ENGINE)
+    arguments = dict(vw_command=[sys.executable, str(script), str(tmp_path / "started")],
+                     size=1)
+    request = ["|b 1", "|b 2", "|b 3"]
+    if kind == "threads":
+        with VowpalWabbitPool(VowpalWabbitDummyFormatter(), [], **arguments) as pool:
+            assert pool.predict("|a", request, timeout=5.0) == [1.0, 2.0, 3.0]
+            stats = pool.stats()
+    else:
+        async def call():
+            async with AsyncVowpalWabbitPool(VowpalWabbitDummyFormatter(), [],
+                                             **arguments) as pool:
+                assert await pool.predict("|a", request, timeout=5.0) == [1.0, 2.0, 3.0]
+                return pool.stats()
+
+        stats = asyncio.run(call())
+    assert stats["engine_failures"] == 1
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_an_engine_that_died_idle_is_replaced_before_a_call_can_take_it(trained_model, truth,
                                                                          share):

@@ -273,11 +273,20 @@ class SplitPredictExchange(Generic[Key]):
         """Deal nothing more to ``lane``; release it once :attr:`Lane.drained`."""
         lane.retiring = True
 
-    def fail_lane(self, lane: Lane[Key]) -> None:
+    def fail_lane(self, lane: Lane[Key], keep_answers: bool = True) -> None:
         """``lane``'s engine failed: drop the lane (ending its call) and deal
-        its unanswered batches again to the other lanes."""
+        its unanswered batches again to the other lanes.
+
+        :param keep_answers: whether the answers that arrived since the last
+            step are good (an engine that exited printed them before its
+            end); ``False``: the engine printed what nobody was owed, and the
+            answers of the read that showed it may be anyone's
+        """
         self.failed_lanes += 1
-        self._collect_lane(lane)  # what arrived before the failure is good
+        if keep_answers:
+            self._collect_lane(lane)  # what arrived before the failure is good
+        else:
+            lane.call.take_answers()
         lane.channel.end(lane.call)
         self.lanes.remove(lane)
         # What another lane owes of a batch (it was hedged) is its rest:
