@@ -505,7 +505,7 @@ def parse_scalar(line: bytes) -> float:
         return float(line.split(None, 1)[0])
     except (ValueError, IndexError):
         raise VowpalWabbitProtocolError(
-            f"the vw engine printed {line!r} where a prediction was expected") from None
+            f"the vw engine printed {line[:200]!r} where a prediction was expected") from None
 
 
 def parse_scalars(lines: List[bytes]) -> List[float]:

@@ -24,7 +24,8 @@ import pytest
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBusyError,
                        VowpalWabbitDummyFormatter, VowpalWabbitEngineExitedError,
                        VowpalWabbitError, VowpalWabbitNonBlockingProcess, VowpalWabbitPool,
-                       VowpalWabbitProcess, VowpalWabbitStartupError, VowpalWabbitTimeoutError)
+                       VowpalWabbitProcess, VowpalWabbitProtocolError, VowpalWabbitStartupError,
+                       VowpalWabbitTimeoutError)
 
 from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, WideItems,
                        children_of_this_process, common, expected_for, expected_scalars,
@@ -159,16 +160,19 @@ def test_restart_on_crash_restarts_once_counts_and_logs(cls, trained_model, tmp_
 
 #: A vw stand-in that answers its start-up probes with 0, and every other
 #: example with 0.25 and a tag of as many megabytes as its argument says
-#: (vw prints an example's tag after its prediction, on the same line).
+#: (vw prints an example's tag after its prediction, on the same line);
+#: with an argument such as ``1:garbage``, with ``garbage`` instead of 0.25.
 LONG_LINE_ENGINE = textwrap.dedent("""
     import sys
     answered = 0
-    tag = b"t" * (int(sys.argv[1]) << 20)
+    megabytes, _, answer = sys.argv[1].partition(":")
+    tag = b"t" * (int(megabytes) << 20)
+    answer = answer.encode() or b"0.25"
     for line in sys.stdin.buffer:
         if line == b"\\n":
             continue  # vw answers nothing to an empty line
         answered += 1
-        sys.stdout.buffer.write(b"0\\n" if answered <= 2 else b"0.25 " + tag + b"\\n")
+        sys.stdout.buffer.write(b"0\\n" if answered <= 2 else answer + b" " + tag + b"\\n")
         sys.stdout.buffer.flush()
 """)
 
@@ -187,6 +191,21 @@ def test_a_long_answer_line_is_read_in_time_linear_in_its_length(cls, tmp_path):
              **bounded) as model:
         assert list(model.predict("|a", ["|b x"], timeout=15.0)) == [0.25]
         assert list(model.predict("|a", ["|b y", "|b z"], timeout=15.0)) == [0.25, 0.25]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_a_long_line_that_is_no_prediction_is_named_by_its_start(cls, tmp_path):
+    """The error of an answer line that is no prediction quotes its first
+    200 bytes, as the other such errors do: it quoted the whole line (here
+    a megabyte, in the message and in every log of it)."""
+    script = tmp_path / "long_lines.py"
+    script.write_text(LONG_LINE_ENGINE)
+    with cls(VowpalWabbitDummyFormatter(), [],
+             vw_command=[sys.executable, str(script), "1:garbage"]) as model:
+        with pytest.raises(VowpalWabbitProtocolError) as caught:
+            list(model.predict("|a", ["|b x"], timeout=15.0))
+    assert "b'garbage tttt" in caught.value.message
+    assert len(caught.value.message) < 400
 
 
 #: A vw stand-in that answers its start-up probes with 0, and every other
