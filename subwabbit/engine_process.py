@@ -786,8 +786,6 @@ class EngineProcess:
         if self._closed:
             return
         self._closed = True
-        warnings.warn(f"subwabbit: vw[{self.pid}] was not closed; call close() or use 'with'",
-                      ResourceWarning, stacklevel=3)
         # A write-only engine's stdout belongs to its reader thread, which ends at EOF.
         streams = [self.proc.stdin] if self._stdout_thread else [self.proc.stdin, self.proc.stdout]
         for stream in streams:
@@ -803,6 +801,10 @@ class EngineProcess:
             # (At interpreter exit no thread can start: the engine, its input
             # closed, exits by itself and is reaped by the system.)
             self._reap_in_background()
+        # Last: where ResourceWarning is an error (-W error, pytest's
+        # filterwarnings = error), it raises, and the engine must be let go first.
+        warnings.warn(f"subwabbit: vw[{self.pid}] was not closed; call close() or use 'with'",
+                      ResourceWarning, stacklevel=3)
 
 
 def close_quietly(engine: EngineProcess, timeout: float) -> None:

@@ -1111,9 +1111,17 @@ class PoolBase(ClientBase):
         engines = [slot.engine for slot in self._roster.slots]
         engines += [group.server.engine for group in self._groups.values()
                     if group.server is not None]
+        failure: Optional[Exception] = None
         for engine in engines:
             if engine.owner_pid == os.getpid() and not engine.closed:
-                engine.release(0.0)
+                try:
+                    engine.release(0.0)
+                except Exception as exc:  # pylint: disable=broad-except
+                    # (its ResourceWarning, when warnings are errors): every
+                    # engine is let go all the same
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def __del__(self) -> None:
         try:

@@ -992,11 +992,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             logger.exception("closing the vw engine failed while another exception propagated")
 
     def __del__(self) -> None:
-        self._release()
-        replacement = getattr(self, "_replacement", None)
-        if replacement is not None and replacement.engine is not None \
-                and not replacement.engine.closed:
-            replacement.engine.release()
+        try:
+            self._release()
+        finally:  # (its ResourceWarning may raise, when warnings are errors)
+            replacement = getattr(self, "_replacement", None)
+            if replacement is not None and replacement.engine is not None \
+                    and not replacement.engine.closed:
+                replacement.engine.release()
 
     def _after_fork_in_child(self) -> None:
         self._turn = threading.Condition(threading.RLock())

@@ -27,10 +27,10 @@ from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitBusyError,
                        VowpalWabbitProcess, VowpalWabbitProtocolError, VowpalWabbitStartupError,
                        VowpalWabbitTimeoutError)
 
-from conftest import (STUBBORN_ENGINE, CyclesLeft, DictFormatter, WideItems,
+from conftest import (ALL_KINDS, STUBBORN_ENGINE, Client, CyclesLeft, DictFormatter, WideItems,
                        children_of_this_process, common, expected_for, expected_scalars,
                        format_lines, open_fds, pipe_on_freed_numbers, proc_stat, scoring_args,
-                       slow_starting_engine, wide_model)
+                       slow_starting_engine, wait_until, wide_model)
 from conftest import items as _items  # its tests name their lists of items "items"
 
 CLASSES = [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess]
@@ -575,6 +575,38 @@ def test_dropped_process_warns_is_reaped_and_del_never_blocks(cls, trained_model
     while open_fds() > fds_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_fds() <= fds_before
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS + ["pool", "asyncio-pool"])
+def test_a_dropped_client_stops_its_engines_when_resource_warnings_are_errors(
+        kind, trained_model):
+    # Under -W error::ResourceWarning (pytest's filterwarnings = error), the
+    # warning that a client was not closed is an exception in __del__: raised
+    # before the engines were let go, it left every dropped process client's
+    # engine a zombie, and every dropped pool's fork server running, with its
+    # threads and descriptors.
+    client = Client(kind, DictFormatter(), scoring_args(trained_model),
+                    **({"size": 2} if "pool" in kind else {}))
+    client.predict(common(1), _items(20))
+    pids = client.pids()
+    if "pool" in kind:
+        pids.append(client.model._groups[0].server.pid)  # pylint: disable=protected-access
+    unraisable = []  # (the messages only: a traceback would keep the engine's pipes)
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda failure: unraisable.append(str(failure.exc_value))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            client.model = None
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+        if client.loop is not None:
+            client.loop.close()
+    if "pool" not in kind:  # (a pool's __del__ raises nothing)
+        assert any("was not closed" in message for message in unraisable), unraisable
+    assert wait_until(lambda: all(proc_stat(pid) is None for pid in pids)), \
+        [(pid, proc_stat(pid)) for pid in pids if proc_stat(pid) is not None]
 
 
 def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, tmp_path):
