@@ -130,16 +130,20 @@ def _log_stderr_line(raw: bytes, dropped: int, tail: Deque[str], pid: int,
     logger.log(level, "vw[%d]: %s", pid, line)
 
 
-def _discard_stdout(fd: int, pid: int) -> None:
+def _discard_stdout(fd: int, pid: int, shared: _SharedStream) -> None:
     """Thread body for write-only engines: stdout should stay silent; log what is not."""
-    while True:
-        try:
-            chunk = os.read(fd, _READ_CHUNK)
-        except OSError:
-            return
-        if not chunk:
-            return
-        logger.warning("vw[%d] wrote to stdout of a write-only process: %r", pid, chunk[:200])
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except OSError:
+                return
+            if not chunk:
+                return
+            logger.warning("vw[%d] wrote to stdout of a write-only process: %r", pid,
+                           chunk[:200])
+    finally:
+        shared.let_go("reader")
 
 
 def wait_for_fds(read_fd: Optional[int], write_fd: Optional[int],
@@ -355,6 +359,8 @@ class EngineProcess:
             name=f"subwabbit-vw{self.pid}-stderr", daemon=True)
         self._stderr_thread.start()
         self._stdout_thread: Optional[threading.Thread] = None
+        #: a write-only engine's stdout, which its reader thread shares
+        self._stdout: Optional[_SharedStream] = None
         #: the channel a warm-up left, for the pool to serve the engine on
         #: (it may owe the answers to warm-up lines to no call: see
         #: :func:`~subwabbit.sync_driver.warm_up`); ``None``: a new one
@@ -365,8 +371,9 @@ class EngineProcess:
         """For a write-only engine, once it has started: a thread reads and
         logs whatever it prints on stdout (it should print nothing)."""
         os.set_blocking(self.stdout_fd, True)  # the reader thread blocks in read()
+        self._stdout = _SharedStream(self.proc.stdout)
         self._stdout_thread = threading.Thread(
-            target=_discard_stdout, args=(self.stdout_fd, self.pid),
+            target=_discard_stdout, args=(self.stdout_fd, self.pid, self._stdout),
             name=f"subwabbit-vw{self.pid}-stdout", daemon=True)
         self._stdout_thread.start()
 
@@ -591,7 +598,8 @@ class EngineProcess:
         self.proc.returncode = 0
 
     def _close_pipes(self, deadline: Optional[float] = None) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
+        # (a write-only engine's stdout is shared with its reader thread)
+        for stream in (self.proc.stdin,) if self._stdout else (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 try:
                     stream.close()
@@ -600,8 +608,14 @@ class EngineProcess:
         if self._stderr_thread.is_alive():
             wait_s = 1.0 if deadline is None else max(0.0, deadline - time.perf_counter())
             self._stderr_thread.join(timeout=wait_s)
-        # A stderr still held open by a grandchild (or by an engine not yet
-        # reaped) is closed by the reader thread when it sees EOF.
+        self._let_go_of_shared_streams()
+
+    def _let_go_of_shared_streams(self) -> None:
+        """Our share of the streams a reader thread also reads: a stream still
+        held open by a grandchild (or by an engine not yet reaped) is closed
+        by its reader thread when it sees EOF."""
+        if self._stdout is not None:
+            self._stdout.let_go("owner")
         self._stderr.let_go("owner")
 
     def final_model_lost(self, timeout_s: float) -> VowpalWabbitTimeoutError:
@@ -786,8 +800,8 @@ class EngineProcess:
         if self._closed:
             return
         self._closed = True
-        # A write-only engine's stdout belongs to its reader thread, which ends at EOF.
-        streams = [self.proc.stdin] if self._stdout_thread else [self.proc.stdin, self.proc.stdout]
+        # A write-only engine's stdout is shared with its reader thread, which ends at EOF.
+        streams = [self.proc.stdin] if self._stdout else [self.proc.stdin, self.proc.stdout]
         for stream in streams:
             try:
                 if stream is not None:
@@ -795,6 +809,7 @@ class EngineProcess:
             except OSError as exc:
                 if exc.errno != errno.EBADF:
                     raise
+        self._let_go_of_shared_streams()
         if final_model_wait_s > 0:
             self._await_exit_unless_stopped(final_model_wait_s)
         if self.proc.poll() is None and not sys.is_finalizing():

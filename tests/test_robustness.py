@@ -609,6 +609,40 @@ def test_a_dropped_client_stops_its_engines_when_resource_warnings_are_errors(
         [(pid, proc_stat(pid)) for pid in pids if proc_stat(pid) is not None]
 
 
+@pytest.mark.parametrize("kind", ALL_KINDS + ["write-only"])
+def test_a_dropped_client_leaves_no_descriptor_to_the_garbage_collector(kind, trained_model):
+    # A client dropped without close() warns that it was not closed, and its
+    # engine's pipes are closed then: the engine's stderr (and a write-only
+    # engine's stdout), which a reader thread shares, were closed by nobody
+    # once that thread ended: only the collection of the objects holding
+    # them did (much later, when a reference cycle holds them), warning
+    # 'unclosed file <_io.FileIO ...>' each.
+    write_only = kind == "write-only"
+    args = ["--quiet"] if write_only else scoring_args(trained_model)
+    client = Client("blocking" if write_only else kind, DictFormatter(), args,
+                    **({"write_only": True} if write_only else {}))
+    if write_only:
+        client.train(common(1), _items(20), labels=[1] * 20, weights=[None] * 20)
+    else:
+        client.predict(common(1), _items(20))
+    pid = client.pids()[0]
+    readers = [thread for thread in threading.enumerate() if f"vw{pid}-std" in thread.name]
+    assert readers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        client.model = None
+        gc.collect()
+        assert wait_until(lambda: proc_stat(pid) is None)
+        for thread in readers:
+            thread.join(10)
+        gc.collect()
+    if client.loop is not None:
+        client.loop.close()
+    assert [str(warning.message) for warning in caught
+            if issubclass(warning.category, ResourceWarning)] == \
+        [f"subwabbit: vw[{pid}] was not closed; call close() or use 'with'"]
+
+
 def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, tmp_path):
     """Objects left to the garbage collector at exit (module globals): the
     interpreter exits at once, and the engines, their input closed, exit too."""
