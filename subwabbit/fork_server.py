@@ -230,6 +230,10 @@ class ForkServer:
                 self.died = not self.stopped
                 self.closed = True
                 self._replies.put(None)
+                # (under the lock: a fork_engine() that sent a request has
+                # its answer, None, and no other sends one now)
+                with self._lock:
+                    self._sock.close()
                 if self.died:
                     self._report_death()
                 return

@@ -643,6 +643,30 @@ def test_a_dropped_client_leaves_no_descriptor_to_the_garbage_collector(kind, tr
         [f"subwabbit: vw[{pid}] was not closed; call close() or use 'with'"]
 
 
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool"])
+def test_a_dropped_pool_leaves_no_socket_to_the_garbage_collector(kind, trained_model):
+    # The socket to a pool's fork server was closed by nobody once a
+    # dropped pool's server ended (only close() closed it): the collection
+    # of the server's object did, warning 'unclosed <socket.socket ...>'.
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), size=2)
+    client.predict(common(1), _items(20))
+    server = client.model._groups[0].server.pid  # pylint: disable=protected-access
+    threads = [thread for thread in threading.enumerate() if f"vw{server}-" in thread.name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        client.model = None
+        gc.collect()
+        assert wait_until(lambda: proc_stat(server) is None)
+        for thread in threads:
+            thread.join(10)
+        gc.collect()
+    if client.loop is not None:
+        client.loop.close()
+    assert [str(warning.message) for warning in caught
+            if issubclass(warning.category, ResourceWarning)
+            and "was not closed" not in str(warning.message)] == []
+
+
 def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, tmp_path):
     """Objects left to the garbage collector at exit (module globals): the
     interpreter exits at once, and the engines, their input closed, exit too."""
