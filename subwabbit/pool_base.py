@@ -1126,6 +1126,8 @@ class PoolBase(ClientBase):
     def __del__(self) -> None:
         try:
             self._release()
+        except ResourceWarning:
+            raise  # (an error where warnings are: reported as for the other clients)
         except Exception:  # pylint: disable=broad-except
             pass
 
