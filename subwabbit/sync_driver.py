@@ -53,6 +53,10 @@ def drive(engine: EngineProcess, exchange: Exchange,
                     may_read = False
         if results:
             yield results
+            # The caller held the results for as long as it liked: the engine
+            # was not silent meanwhile (a pause longer than idle_s raised
+            # VowpalWabbitTimeoutError, and the process counted as failed).
+            exchange.caller_returned()
             continue  # step again first: the caller may have started another call meanwhile
         if exchange.done:
             return

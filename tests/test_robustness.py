@@ -322,6 +322,26 @@ def test_blocking_io_timeout_raises_instead_of_waiting_forever(trained_model, tm
     assert stopped not in children_of_this_process()
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_caller_slower_than_io_timeout_between_predictions_is_not_an_engine_stall(
+        cls, trained_model, tmp_path):
+    """The time a caller keeps a predict() iterator between two items is its
+    own, not the engine's silence: a pause longer than ``io_timeout_s``
+    raised VowpalWabbitTimeoutError ("the vw engine did not answer for 0.5 s")
+    and left a healthy engine refused as failed."""
+    formatter = DictFormatter()
+    common = {"user": 1}
+    items = _items(300)
+    expected = expected_for(formatter, trained_model, tmp_path, common, items)
+    with cls(formatter, scoring_args(trained_model), batch_size=10, io_timeout_s=0.5) as model:
+        predictions = model.predict(common, items)
+        got = [next(predictions)]
+        time.sleep(1.0)  # the caller works on the first prediction
+        got += list(predictions)
+        assert got == pytest.approx(expected)
+        assert list(model.predict(common, items)) == pytest.approx(expected)
+
+
 def test_blocking_write_timeout_on_a_stopped_write_only_engine():
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet"], write_only=True,
                              io_timeout_s=0.5) as model:

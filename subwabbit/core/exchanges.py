@@ -167,6 +167,12 @@ class Exchange:
                 f"the vw engine did not answer for {self.idle_s:g} s while {doing} "
                 "(io_timeout_s); it may be stopped or stuck")
 
+    def caller_returned(self) -> None:
+        """The caller asks for more after holding the results of a step (a
+        ``predict`` iterator resumed): the time it kept them is not the
+        engine's silence, so the ``idle_s`` clock starts again at the next step."""
+        self._progress = -1
+
     def wake_at(self) -> Optional[float]:
         """When :meth:`step` must run again even if the pipes stay quiet
         (``None``: only when they move)."""
