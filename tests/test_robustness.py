@@ -194,6 +194,23 @@ def test_a_long_answer_line_is_read_in_time_linear_in_its_length(cls, tmp_path):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
+def test_a_long_example_line_is_written_in_time_linear_in_its_length(cls, tmp_path):
+    """An item of 160 MB is written and answered within a deadline of 15 s
+    (about 2 s here): the channel searched all that it had written of a line
+    still without its newline at every write, so that writing a line of N
+    bytes cost O(N**2) (128 MB took about 20 s; found by a review)."""
+    script = tmp_path / "long_lines.py"
+    script.write_text(LONG_LINE_ENGINE)
+    bounded = {"max_lateness_s": 0.5} if cls is VowpalWabbitProcess else {}
+    with cls(VowpalWabbitDummyFormatter(), [], vw_command=[sys.executable, str(script), "0"],
+             **bounded) as model:
+        item = "|b " + "x" * (160 << 20)
+        assert list(model.predict("|a", [item], timeout=15.0)) == [0.25]
+        del item
+        assert list(model.predict("|a", ["|b y", "|b z"], timeout=15.0)) == [0.25, 0.25]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=CLASS_IDS)
 def test_a_long_line_that_is_no_prediction_is_named_by_its_start(cls, tmp_path):
     """The error of an answer line that is no prediction quotes its first
     200 bytes, as the other such errors do: it quoted the whole line (here

@@ -234,6 +234,10 @@ class Channel:
         self._out = bytearray()   # bytes queued and not yet cut off after writing
         self._out_off = 0         # index in _out of the first byte not written
         self._out_base = 0        # stream position of _out[0]
+        #: how much of _out's start holds no newline (a compaction found none
+        #: there: searching it again at every write made writing a line of
+        #: N bytes cost O(N**2))
+        self._out_scanned = 0
         #: the start of an output line whose newline has not come, in the pieces
         #: that reads returned (joined once the newline comes: joining at every
         #: read made a line of N bytes cost O(N**2))
@@ -456,14 +460,17 @@ class Channel:
         if self._out_off == len(self._out):
             self._out_base += len(self._out)
             del self._out[:]
-            self._out_off = 0
+            self._out_off = self._out_scanned = 0
         elif self._out_off > _COMPACT_BYTES:
             # Cut on a line boundary: the buffer always starts at one.
-            cut = self._out.rfind(b"\n", 0, self._out_off) + 1
+            cut = self._out.rfind(b"\n", self._out_scanned, self._out_off) + 1
             if cut:
                 self._out_base += cut
                 del self._out[:cut]
                 self._out_off -= cut
+                self._out_scanned = 0
+            else:
+                self._out_scanned = self._out_off
         self._pop_settled()
 
     def _pop_settled(self) -> None:
