@@ -224,6 +224,10 @@ def test_which_arguments_keep_the_engine_from_probes():
     assert probes_would_teach(["-i", "m.vw", "--testonly"], ["--stage_poly"]) is None
     assert probes_would_teach(["--oaa", "3", "--nn", "3", "--dropout"], []) is None
     assert probes_would_teach(["--cb_explore_adf", "--bag", "3"], []) is None
+    assert probes_would_teach(["--passes", "3", "-c", "-k"], []) == "--passes"
+    assert probes_would_teach(["--passes=2", "-c", "-k"], []) == "--passes"
+    assert probes_would_teach(["--passes", "1"], []) is None
+    assert probes_would_teach(["--passes", "3", "-t"], []) is None
 
 
 class BomFormatter(DictFormatter):
@@ -276,3 +280,26 @@ def test_a_write_only_trainers_first_line_with_a_byte_order_mark_keeps_its_label
              for item, label in zip(items, train_labels)]
     engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
     assert_same_models(args, tmp_path / "online.vw", tmp_path / "file.vw", tmp_path)
+
+
+@pytest.mark.parametrize("client_kind", ["write-only"] + ALL_KINDS)
+def test_a_model_of_several_passes_is_the_one_the_file_trains(client_kind, tmp_path):
+    """With ``--passes`` above 1 vw caches every line it reads and learns
+    from them again after its input ends, every 10th example held out: the
+    start-up probe was cached as the first example, which shifted the
+    held-out examples, and the model differed from vw's on the same lines."""
+    args = ["--passes", "3", "-k"]
+    online = tmp_path / "online.vw"
+    own = args + ["--cache_file", str(tmp_path / "online.cache"), "-f", str(online), "--quiet"]
+    if client_kind == "write-only":
+        client = Client("blocking", FORMATTER, own, write_only=True)
+    else:
+        client = Client(client_kind, FORMATTER, own)
+    try:
+        train_all(client, args)
+    finally:
+        client.close()
+    lines = [line for index in TRAIN for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
+                                    "-f", str(tmp_path / "file.vw")], tmp_path)
+    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)

@@ -61,6 +61,7 @@ __all__ = [
     "ClassScoresKind", "ClassRawScoresKind", "MultilabelKind", "LabelStringsKind", "CbKind",
     "CbExploreKind", "AdfKind", "ExploreAdfKind", "parse_action_values", "choose_kind",
     "refuse_unservable", "learns_by_line_count", "LINE_COUNTING", "probes_would_teach", "MOVED_BY_EVERY_EXAMPLE",
+    "makes_passes",
     "refuse_in_audit_mode", "AUDIT_UNSERVABLE", "AUDIT_UNSERVABLE_WHILE_LEARNING",
     "AUDIT_SILENT",
 ]
@@ -211,8 +212,9 @@ MOVED_BY_EVERY_EXAMPLE = ("--bootstrap", "--active", "--stage_poly", "--rank")
 def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> Optional[str]:
     """The reduction of :data:`MOVED_BY_EVERY_EXAMPLE` that a learning engine
     (no ``-t``) runs, from its arguments or the options saved in the model
-    file it loads; ``None`` for any other engine. Such an engine is started
-    and saved without probe examples (see
+    file it loads, or ``'--passes'`` for a learning engine that makes more
+    than one pass (:func:`makes_passes`); ``None`` for any other engine.
+    Such an engine is started and saved without probe examples (see
     :data:`~subwabbit.core.channel.START_BLANK`).
     """
     if not learns(vw_args):
@@ -221,7 +223,20 @@ def probes_would_teach(vw_args: Sequence[str], saved_options: Sequence[str]) -> 
         name = option_name(token)
         if name in MOVED_BY_EVERY_EXAMPLE:
             return name
+    if makes_passes(vw_args):
+        return "--passes"
     return None
+
+
+def makes_passes(vw_args: Sequence[str]) -> bool:
+    """Whether the engine makes more than one pass over its examples
+    (``--passes`` above 1): vw caches every line it reads, and after its
+    input ends it learns from them all again, every 10th example held out
+    unless ``--holdout_off``. A probe example would be one of them, shifting
+    which examples are held out (the model then differed from the one vw
+    makes of the same lines read from a file), and a save command would be
+    carried out again in every later pass."""
+    return (_count(vw_args, "--passes") or 1) > 1
 
 
 #: Reductions that call the learner under them more than once per example:
