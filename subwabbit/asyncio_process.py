@@ -878,10 +878,12 @@ class AsyncVowpalWabbitProcess(ClientBase):
         cancelled after its command reached the engine leaves ``path`` as it
         was; what the engine writes for it is removed once written.
 
-        :raises VowpalWabbitError: when the engine fails or times out
+        :raises VowpalWabbitError: when the engine fails or times out, or
+            makes several passes (``--passes`` above 1: nothing is sent)
         :raises OSError: when no file can be written where ``path`` points
             (nothing is sent to the engine)
         """
+        self._refuse_save_of_passes()
         deadline = deadline_from_timeout(timeout)
         await self._call(deadline)
         try:

@@ -30,7 +30,8 @@ from .core.channel import Channel
 from .core.exchanges import (CleanupExchange, Exchange, Pacing, ProbeExchange, check_item_parts,
                              format_common_part)
 from .core.kinds import (LABEL_STRINGS, SCALAR, PredictionKind, choose_kind,
-                         learns_by_line_count, probes_would_teach, refuse_in_audit_mode)
+                         learns_by_line_count, makes_passes, probes_would_teach,
+                         refuse_in_audit_mode)
 from .model_file import saved_options_of
 from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
@@ -303,6 +304,22 @@ class ClientBase:
         ``--lrq`` one save in a stream of training lines changed every later
         update; found by a review). A save's probe is two lines."""
         return [save.command, b"\n"] if self._counts_lines else [save.command]
+
+    def _refuse_save_of_passes(self) -> None:
+        """Refuse ``save()`` on an engine that makes several passes
+        (:func:`~subwabbit.core.kinds.makes_passes`), before anything is sent:
+        vw caches the save command with the examples and carries it out again
+        in every later pass (rewriting a temporary file after the save had
+        renamed it, which stayed beside ``path``), and counts it among the
+        examples of which every 10th is held out.
+
+        :raises VowpalWabbitError: for such an engine
+        """
+        if makes_passes(self.vw_args):
+            raise VowpalWabbitError("save() is not available with --passes above 1: vw would "
+                                    "save again in every later pass; pass -f, which writes the "
+                                    "model once the process is closed and vw has made its "
+                                    "passes")
 
     @property
     def _save_probes(self) -> bool:

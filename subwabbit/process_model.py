@@ -820,10 +820,12 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :param timeout: seconds to wait for the engine; ``None``: no limit but
             ``io_timeout_s`` without progress
         :raises VowpalWabbitError: when the engine fails or times out (a
-            timed-out save leaves the process failed: restart or close it)
+            timed-out save leaves the process failed: restart or close it),
+            or makes several passes (``--passes`` above 1: nothing is sent)
         :raises OSError: when no file can be written where ``path`` points
             (nothing is sent to the engine, which keeps serving)
         """
+        self._refuse_save_of_passes()
         deadline = deadline_from_timeout(timeout)
         self._check_usable()
         with self._call(deadline):

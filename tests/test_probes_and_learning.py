@@ -17,7 +17,8 @@ from typing import Any, List
 
 import pytest
 
-from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitProcess, VowpalWabbitStartupError)
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitError, VowpalWabbitProcess,
+                       VowpalWabbitStartupError)
 
 from conftest import ALL_KINDS, Client, DictFormatter, engine_from_file
 
@@ -299,6 +300,38 @@ def test_a_model_of_several_passes_is_the_one_the_file_trains(client_kind, tmp_p
         train_all(client, args)
     finally:
         client.close()
+    lines = [line for index in TRAIN for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
+                                    "-f", str(tmp_path / "file.vw")], tmp_path)
+    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
+
+
+@pytest.mark.parametrize("client_kind", ["write-only", "blocking", "asyncio"])
+def test_a_model_of_several_passes_refuses_save_and_keeps_its_training(client_kind, tmp_path):
+    """vw caches a save command with the examples: with ``--passes`` above 1
+    it saved again in every later pass (the temporary file it rewrote after
+    the save had renamed it stayed beside the model) and counted the command
+    among the examples it holds out from, so the model moved. save() is
+    refused before anything is sent."""
+    args = ["--passes", "3", "-k"]
+    online = tmp_path / "online.vw"
+    own = args + ["--cache_file", str(tmp_path / "online.cache"), "-f", str(online), "--quiet"]
+    if client_kind == "write-only":
+        client = Client("blocking", FORMATTER, own, write_only=True)
+    else:
+        client = Client(client_kind, FORMATTER, own)
+    saves = tmp_path / "saves"
+    try:
+        train_all(client, args, TRAIN[:20])
+        with pytest.raises(VowpalWabbitError, match="--passes"):
+            if client.loop is not None:
+                client.loop.run_until_complete(client.model.save(str(saves / "half.vw")))
+            else:
+                client.model.save(str(saves / "half.vw"))
+        train_all(client, args, TRAIN[20:])
+    finally:
+        client.close()
+    assert not saves.exists() or not list(saves.iterdir())
     lines = [line for index in TRAIN for line in file_lines(args, index)]
     engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
                                     "-f", str(tmp_path / "file.vw")], tmp_path)
