@@ -24,7 +24,8 @@ from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, S
                     Union)
 
 from .base import VowpalWabbitBaseFormatter, example_joiner
-from .command import VwArgs, build_argv, normalize_vw_args, resolve_engine_command
+from .command import (VwArgs, build_argv, normalize_vw_args, refuse_stale_cache,
+                      resolve_engine_command)
 from .engine.program import option_name
 from .core.channel import Channel
 from .core.exchanges import (CleanupExchange, Exchange, Pacing, ProbeExchange, check_item_parts,
@@ -193,6 +194,7 @@ class ClientBase:
             raise TypeError("metrics_hook must be callable")
         self.formatter = formatter
         self.vw_args = normalize_vw_args(vw_args)
+        refuse_stale_cache(self.vw_args)
         #: the ``prediction_type`` argument as given (``None``: from ``vw_args``)
         self.prediction_type = prediction_type
         #: the kind of model served: how its examples are laid out, what
@@ -241,6 +243,7 @@ class ClientBase:
             <subwabbit.core.kinds.PredictionKind.serves_like>`)
         """
         normalized = normalize_vw_args(vw_args)
+        refuse_stale_cache(normalized)
         kind, counts_lines, probes_teach = self._kind_for(normalized, self.audit_mode)
         if not kind.serves_like(self.prediction_kind):
             raise ValueError(f"reload() cannot change the kind of model or its classes: this "

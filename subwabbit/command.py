@@ -73,6 +73,30 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
     return tokens
 
 
+#: Options that give the engine a cache file, and those that make it a new one.
+_CACHE_OPTIONS = ("-c", "--cache", "--cache_file")
+_KILL_CACHE_OPTIONS = ("-k", "--kill_cache")
+
+
+def refuse_stale_cache(tokens: Sequence[str]) -> None:
+    """Refuse a cache file without ``--kill_cache``: when the file exists
+    (from an earlier run; ``-c`` names it ``.cache`` in the working
+    directory for an engine reading stdin), vw reads its examples instead
+    of stdin. A write-only engine then learned the old examples again and
+    nothing that ``train`` sent; a predicting one printed predictions
+    nobody asked for.
+
+    :param tokens: normalised engine arguments
+    :raises ValueError: for a cache option without ``-k``/``--kill_cache``
+    """
+    names = [option_name(token) for token in tokens]
+    cache = next((name for name in names if name in _CACHE_OPTIONS), None)
+    if cache is not None and not any(name in _KILL_CACHE_OPTIONS for name in names):
+        raise ValueError(f"vw_args give a cache file ({cache}) without --kill_cache: vw would "
+                         "read the examples of an existing cache file instead of those "
+                         "subwabbit sends; add --kill_cache (-k)")
+
+
 def _token_text(token: object) -> str:
     """One ``vw_args`` token as the engine gets it.
 

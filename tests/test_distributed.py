@@ -671,7 +671,7 @@ def test_bfgs_on_two_nodes_reaches_the_loss_of_one_process(cluster2, tmp_path):
                       "--termination", "0"]
     one = str(tmp_path / "one.vw")  # one plain process, no AllReduce
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), vw_args + [
-            "-f", one, "--cache_file", one + ".cache", "--predict_only_model"],
+            "-f", one, "--cache_file", one + ".cache", "-k", "--predict_only_model"],
             write_only=True) as process:
         for call in data:
             process.train(*call)

@@ -336,3 +336,37 @@ def test_a_model_of_several_passes_refuses_save_and_keeps_its_training(client_ki
     engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
                                     "-f", str(tmp_path / "file.vw")], tmp_path)
     assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
+
+
+
+@pytest.mark.parametrize("client_kind", ["write-only"] + ALL_KINDS + ["pool"])
+@pytest.mark.parametrize("cache", [["-c"], ["--cache_file", "old.cache"]], ids=["-c", "cache_file"])
+def test_a_cache_file_without_kill_cache_is_refused_before_an_engine_starts(
+        cache, client_kind, tmp_path, monkeypatch):
+    """vw reads the examples of an existing cache file instead of stdin: an
+    engine given one that an earlier run left learned those old examples
+    (and wrote them as its -f model) and none that train() sent; subwabbit
+    saw it exit at start-up ("the vw engine exited during start-up", exit
+    code 0), or wait for it to read stdin until ``startup_timeout_s``."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--quiet"]
+    old = [line for index in TRAIN[:10] for line in file_lines(args, index)]
+    engine_from_file(old, ["--cache_file", "old.cache"], tmp_path)  # left by an earlier run
+    kwargs = {"write_only": True} if client_kind == "write-only" else {}
+    if client_kind == "pool":
+        kwargs["size"] = 1
+    with pytest.raises(ValueError, match="--kill_cache"):
+        client = Client("blocking" if client_kind == "write-only" else client_kind, FORMATTER,
+                        args + cache, **kwargs)
+        client.close()
+    # with --kill_cache the engine learns what it is sent
+    online = tmp_path / "online.vw"
+    client = Client("blocking", FORMATTER, args + cache + ["-k", "-f", str(online)],
+                    write_only=True)
+    try:
+        train_all(client, args, TRAIN[10:])
+    finally:
+        client.close()
+    lines = [line for index in TRAIN[10:] for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["-f", str(tmp_path / "file.vw")], tmp_path)
+    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
