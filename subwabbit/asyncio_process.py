@@ -825,6 +825,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
             if exchange is not None:
                 self._format_s_per_item = exchange.format_s_per_item
                 exchange.end()
+                # An engine that owes what the call left in flight and prints
+                # nothing is quiet from now on, not from the next call.
+                exchange.channel.note_progress(_clock())
             if held:
                 self._turn.release()
             self._finish_call("predict", metrics)

@@ -767,7 +767,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 metrics["num_lines"] = yielded  # what the caller received
             if exchange is not None:
                 self._format_s_per_item = exchange.format_s_per_item
+                ended_here = exchange.call.active  # (not by a call that superseded it)
                 exchange.end()
+                if ended_here:
+                    # An engine that owes what the call left in flight and
+                    # prints nothing is quiet from now on, not from the next
+                    # call (see _fail_if_stuck).
+                    exchange.channel.note_progress(clock())
             if token is not None:
                 self._end_turn(token)
             self._finish_call("predict", metrics)

@@ -252,3 +252,58 @@ def test_a_call_waiting_for_another_when_the_object_closes_reports_the_wait(cls)
     assert failed and "closed" in str(failed[0])
     assert metrics["waited_for_other_call"] == 1 and metrics["lock_wait_time"] > 0, metrics
     assert [hooked["waited_for_other_call"] for hooked in seen] == [1, 0]
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess,
+                                 AsyncVowpalWabbitProcess])
+def test_an_engine_that_stopped_between_calls_is_found_by_the_next_call(cls):
+    # Found by a review: a single process started the clock of an engine that
+    # owes answers and prints nothing only when the next call began, not when
+    # the call that left them ended. An engine stopped (SIGSTOP) under a call
+    # cut by its deadline, with no call for longer than io_timeout_s after
+    # it, was not found stuck by the next call: that call (10 s budget)
+    # waited its whole budget and returned [] with engine_failures 0 and
+    # restarts 0, and only the call after it replaced the engine.
+    metrics = {}
+    args = {"max_lateness_s": 0.0} if cls is VowpalWabbitProcess else {}
+    items = ["|i b"] * 3000
+    if cls is AsyncVowpalWabbitProcess:
+        async def main():
+            async with cls(VowpalWabbitDummyFormatter(), ["--quiet"], io_timeout_s=0.5,
+                           restart_on_crash=True) as model:
+                await model.predict("|u a", ["|i b"] * 5, timeout=30.0)
+                pid = model.pid
+                os.kill(pid, signal.SIGSTOP)  # it reads nothing more, answers nothing
+                try:
+                    assert await model.predict("|u a", items, timeout=0.1) == []
+                    assert model.pending_lines > 0
+                    await asyncio.sleep(1.0)  # quiet for longer than io_timeout_s
+                    return await model.predict("|u a", ["|i b"] * 10, timeout=10.0,
+                                               metrics=metrics)
+                finally:
+                    _resume(pid)
+        later = asyncio.run(main())
+    else:
+        with cls(VowpalWabbitDummyFormatter(), ["--quiet"], io_timeout_s=0.5,
+                 restart_on_crash=True, **args) as model:
+            list(model.predict("|u a", ["|i b"] * 5, timeout=30.0))
+            pid = model.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                assert list(model.predict("|u a", items, timeout=0.1)) == []
+                assert model.pending_lines > 0
+                time.sleep(1.0)  # quiet for longer than io_timeout_s
+                later = list(model.predict("|u a", ["|i b"] * 10, timeout=10.0,
+                                           metrics=metrics))
+            finally:
+                _resume(pid)
+    assert len(later) == 10, metrics
+    assert metrics["engine_failures"] == 1 and metrics["restarts"] == 1, metrics
+
+
+def _resume(pid):
+    """Let a stopped engine go on (if it was not killed meanwhile)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
