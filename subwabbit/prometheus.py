@@ -29,6 +29,10 @@ DURATION_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.009, 0.010, 0.011, 0.01
                     0.020, 0.050, 0.100, 0.500, 1.0, 5.0)
 
 
+#: The ``method`` label's values: the calls whose metrics reach the hook.
+METHODS = ("predict", "train")
+
+
 def metrics_hook(registry: Optional[CollectorRegistry] = None,
                  prefix: str = "subwabbit") -> Callable[[Dict[str, Any]], None]:
     """A ``metrics_hook`` that records every call in ``registry``.
@@ -38,7 +42,9 @@ def metrics_hook(registry: Optional[CollectorRegistry] = None,
     ``<prefix>_predictions_total`` (``num_lines``),
     ``<prefix>_calls_waited_total`` (calls that waited for an engine or
     another call), ``<prefix>_engine_failures_total`` and
-    ``<prefix>_restarts_total``.
+    ``<prefix>_restarts_total``. Each has a series for each of
+    :data:`METHODS` from the start, at 0, so that a rate or an alert on a
+    count that has not yet moved has a series to read.
 
     The hook holds no state of any one client: give the same hook to every
     client and pool whose calls it should count, and call this function
@@ -60,6 +66,9 @@ def metrics_hook(registry: Optional[CollectorRegistry] = None,
                        ["method"], registry=registry)
     restarts = Counter(f"{prefix}_restarts", "Calls that started or waited for a new engine",
                        ["method"], registry=registry)
+    for method in METHODS:  # a series of each from the start, at 0 (rates need one)
+        for family in (duration, lines, waited, failures, restarts):
+            family.labels(method)
 
     def hook(metrics: Dict[str, Any]) -> None:
         method = str(metrics.get("method", "predict"))

@@ -104,3 +104,16 @@ def test_a_closed_pools_collector_can_leave_the_registry_for_its_replacement():
     with VowpalWabbitPool(VowpalWabbitDummyFormatter(), ["--quiet"], size=2) as second:
         register_pool(second, registry)
         assert _value(registry, "subwabbit_pool_engines") == 2.0
+
+
+def test_every_counter_has_a_series_per_method_from_the_start():
+    """A failure counter that has not yet moved is exported at 0 for each
+    method: before, only its HELP and TYPE lines were, until a first
+    failure, so that a rate or an alert over it had no series to read."""
+    registry = prometheus_client.CollectorRegistry()
+    metrics_hook(registry, prefix="fresh")
+    text = prometheus_client.generate_latest(registry).decode()
+    for method in ("predict", "train"):
+        for name in ("predictions", "calls_waited", "engine_failures", "restarts"):
+            assert f'fresh_{name}_total{{method="{method}"}} 0.0' in text, (name, method)
+        assert f'fresh_call_duration_seconds_count{{method="{method}"}} 0.0' in text
