@@ -169,6 +169,12 @@ def lanes_wanted(remaining: Optional[int], share: int, held: int,
     return max(0, min(room, useful if held else max(1, useful)))
 
 
+def _new_counters() -> Dict[str, int]:
+    """The counters of :meth:`PoolBase.stats`, at 0."""
+    return {"calls": 0, "engine_failures": 0, "engines_replaced": 0, "reloads": 0,
+            "waited_for_engine": 0}
+
+
 class PoolBase(ClientBase):
     """What the thread and asyncio pools share: settings, the roster, metrics."""
 
@@ -212,9 +218,9 @@ class PoolBase(ClientBase):
         #: close() ends them within its timeout (``_close_later`` adds them)
         self._retiring = RetiringEngines()
         self._closed = False
-        #: counters since the pool was created (see :meth:`stats`)
-        self._counters = {"calls": 0, "engine_failures": 0, "engines_replaced": 0,
-                          "reloads": 0, "waited_for_engine": 0}
+        #: counters since the pool was created, or in a forked child since
+        #: the fork (see :meth:`stats`)
+        self._counters = _new_counters()
         #: the first batch of the last call that got predictions with no
         #: engine failing: what new engines are warmed up with (see
         #: :meth:`_warm_up_lines`)
@@ -233,7 +239,10 @@ class PoolBase(ClientBase):
         :returns: ``calls``, ``engine_failures``, ``engines_replaced``,
             ``reloads``, ``waited_for_engine`` (calls that found no engine
             free), and the gauges ``engines`` (in service for the current
-            model), ``engines_busy`` and ``generation``
+            model), ``engines_busy`` and ``generation``. The counters count
+            since the pool was created, or in a forked child since the fork
+            (what the parent counted is not the child's); the generation is
+            the model's, and a child keeps it.
         """
         roster = self._roster
         current = [slot for slot in roster.slots if slot.generation == roster.generation]
@@ -1096,6 +1105,9 @@ class PoolBase(ClientBase):
         generation = self._roster.generation
         self._roster = Roster()
         self._roster.generation = generation
+        # The parent's calls are the parent's: summed over the workers of a
+        # preloaded service, they were counted once per worker.
+        self._counters = _new_counters()
 
     def _release(self) -> None:
         if self._closed:

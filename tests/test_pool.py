@@ -1779,3 +1779,26 @@ def test_a_running_call_never_takes_an_engine_an_interrupted_call_tore(trained_m
         assert got["b"] == truth[trained_model][2]
         assert pool.predict(common(3), items(3000)) == truth[trained_model][3]
         assert torn.engine.closed or torn not in roster.slots
+
+
+def test_a_forked_childs_stats_count_its_own_calls_not_its_parents(trained_model, truth):
+    """A forked child's pool counts the calls it serves: it counted its
+    parent's as well, so that summed over the workers of a preloaded
+    service the master's calls were counted once per worker (found by the
+    metrics review). The model's generation is kept."""
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=1) as pool:
+        for user in range(3):
+            pool.predict(common(user), items(100))
+        pool.reload(scoring_args(trained_model))
+
+        def child():
+            got = [pool.predict(common(user), items(100)) == truth[trained_model][user][:100]
+                   for user in range(2)]
+            stats = pool.stats()
+            pool.close()
+            return [got, stats["calls"], stats["reloads"], stats["generation"]]
+
+        result = in_child(child, limit_s=60)
+        assert "error" not in result, result
+        assert result["ok"] == [[True, True], 2, 0, 1]
+        assert pool.stats()["calls"] == 3 and pool.stats()["reloads"] == 1
