@@ -10,6 +10,7 @@ import asyncio
 import collections
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -50,12 +51,16 @@ class _FifoTurn:
 
     Unlike :class:`asyncio.Lock` it belongs to no event loop (each waiter
     waits on a future of its own loop): an object made and used on one loop
-    may be used on another after that one ended."""
+    may be used on another after that one ended, or at the same time from
+    another thread's loop (a waiter of another loop is woken through
+    :meth:`~asyncio.loop.call_soon_threadsafe`)."""
 
     def __init__(self) -> None:
         self._busy = False
         self._waiters: Deque["asyncio.Future[bool]"] = collections.deque()
         self._when_free: List[Callable[[], None]] = []
+        #: the turn's state, for calls on event loops of several threads
+        self._lock = threading.Lock()
 
     @property
     def busy(self) -> bool:
@@ -64,37 +69,45 @@ class _FifoTurn:
 
     def call_when_free(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once no call holds the turn (now, if none does)."""
-        if self._busy:
-            self._when_free.append(callback)
-        else:
-            callback()
+        with self._lock:
+            if self._busy:
+                self._when_free.append(callback)
+                return
+        callback()
 
     async def acquire(self, until: Optional[float]) -> bool:
         """Wait for the turn until ``until`` (a :func:`time.perf_counter` value).
 
         :returns: ``False`` when ``until`` passed first
         """
-        if not self._busy and not self._waiters:
-            self._busy = True
-            return True
-        loop = asyncio.get_running_loop()
-        waiter: "asyncio.Future[bool]" = loop.create_future()
-        self._waiters.append(waiter)
+        with self._lock:
+            if not self._busy and not self._waiters:
+                self._busy = True
+                return True
+            waiter: "asyncio.Future[bool]" = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
         timeout = None if until is None else max(0.0, until - _clock())
         try:
             await asyncio.wait({waiter}, timeout=timeout)
         except asyncio.CancelledError:
-            if waiter.done():
+            if not self._withdraw(waiter):
                 self.release()  # granted as the task was cancelled: pass it on
-            else:
-                waiter.cancel()
-                self._waiters.remove(waiter)
             raise
-        if waiter.done():
-            return True
+        return not self._withdraw(waiter)
+
+    def _withdraw(self, waiter: "asyncio.Future[bool]") -> bool:
+        """Stop ``waiter`` waiting, unless it was granted the turn (by
+        :meth:`release`, perhaps in another thread, its wake-up still to come).
+
+        :returns: whether it was still waiting
+        """
+        with self._lock:
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                return False
         waiter.cancel()
-        self._waiters.remove(waiter)
-        return False
+        return True
 
     async def __aenter__(self) -> None:
         """``async with turn:`` waits for the turn with no time limit."""
@@ -106,15 +119,44 @@ class _FifoTurn:
     def release(self) -> None:
         """Pass the turn to the oldest waiter still waiting, or free it (a
         waiter whose event loop was closed waits no more)."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(True)
-                return
-        self._busy = False
-        callbacks, self._when_free = self._when_free, []
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done() and _wake(waiter):
+                    return
+            self._busy = False
+            callbacks, self._when_free = self._when_free, []
         for callback in callbacks:
             callback()
+
+
+def _wake(waiter: "asyncio.Future[bool]") -> bool:
+    """Set ``waiter`` done on its own event loop: at once when that is the
+    running one, else through the loop's ``call_soon_threadsafe`` (a waiter
+    on another thread's loop).
+
+    :returns: ``False`` when its loop is closed (no one waits on it any more)
+    """
+    loop = waiter.get_loop()
+    if loop.is_closed():
+        return False
+    try:
+        running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        waiter.set_result(True)
+        return True
+    try:
+        loop.call_soon_threadsafe(_set_granted, waiter)
+    except RuntimeError:  # closed meanwhile
+        return False
+    return True
+
+
+def _set_granted(waiter: "asyncio.Future[bool]") -> None:
+    if not waiter.done():
+        waiter.set_result(True)
 
 
 class AsyncVowpalWabbitProcess(ClientBase):

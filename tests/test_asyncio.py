@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -583,3 +584,42 @@ def test_a_close_that_terminates_an_engine_writing_its_final_model_raises(final_
 
     run(main())
     assert not path.exists()
+
+
+def test_calls_from_event_loops_in_two_threads_take_turns_without_waiting_for_a_timeout(
+        trained_model, tmp_path):
+    """A call that waits for another thread's call (on another event loop)
+    gets the object as soon as that call ends: before, the other thread
+    granted it the turn without waking its loop, which slept until the
+    waiting call's own deadline (it returned ``[]``) or ``io_timeout_s``."""
+    formatter = DictFormatter()
+    requests = {index: ({"user": index, "ctx": [f"k{index % 4}"]}, items(3000, index))
+                for index in range(2)}
+    expected = {index: expected_for(formatter, trained_model, tmp_path, *requests[index])
+                for index in requests}
+    model = AsyncVowpalWabbitProcess(formatter, scoring_args(trained_model), io_timeout_s=60.0)
+    results = {index: [] for index in requests}
+    errors = []
+
+    def worker(index):
+        async def calls():
+            for _ in range(10):
+                results[index].append(await model.predict(*requests[index], timeout=8.0))
+        try:
+            asyncio.run(calls())
+        except BaseException as exc:  # pylint: disable=broad-except
+            errors.append(exc)
+
+    run(model.start())
+    try:
+        threads = [threading.Thread(target=worker, args=(index,)) for index in requests]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+    finally:
+        run(model.close())
+    assert errors == []
+    for index in requests:
+        assert results[index] == [expected[index]] * 10
