@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 import weakref
-from typing import Any, ContextManager, Dict, Iterable, List, Optional, Sequence, Set, Union
+from typing import (Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence,
+                    Set, Union)
 
 from .asyncio_process import _FifoTurn, wait_for_engines
 from .asyncio_support import close_left_behind, hand_off, hand_off_closing, wait_for_closing
@@ -84,6 +86,7 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._reload_lock = _FifoTurn()
         self._closing: Optional["asyncio.Future[None]"] = None
         self._closing_slots: List[Slot] = []
+        self._loops = _OneLoopAtATime(type(self).__name__)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -284,7 +287,20 @@ class AsyncVowpalWabbitPool(PoolBase):
                       metrics: Optional[Dict[str, Any]] = None) -> List[Any]:
         """Predictions for the items, in item order: the longest prefix of
         items whose predictions are ready by the deadline. See
-        :meth:`VowpalWabbitPool.predict <subwabbit.pool.VowpalWabbitPool.predict>`."""
+        :meth:`VowpalWabbitPool.predict <subwabbit.pool.VowpalWabbitPool.predict>`.
+
+        A pool serves one running event loop at a time (loops one after the
+        other, as ``asyncio.run()`` makes them, are served).
+
+        :raises VowpalWabbitError: for a call of an event loop while calls of
+            another loop, running in another thread, are in progress"""
+        with self._loops.call():
+            return await self._predict(common_features, items_features, timeout, debug_info,
+                                       metrics)
+
+    async def _predict(self, common_features: Any, items_features: Iterable[Any],
+                       timeout: Optional[float], debug_info: Any,
+                       metrics: Optional[Dict[str, Any]]) -> List[Any]:
         flow = self._predict_flow(common_features, items_features, timeout, debug_info,
                                   metrics)
         try:
@@ -396,6 +412,46 @@ class AsyncVowpalWabbitPool(PoolBase):
         self._reload_lock = _FifoTurn()
         self._closing = None
         self._closing_slots = []
+        self._loops = _OneLoopAtATime(type(self).__name__)
+
+
+class _OneLoopAtATime:
+    """The event loops with calls of a pool in progress. A pool serves one
+    running loop at a time: its state is the loop's, and a call of a loop
+    in another thread, waiting for an engine, was woken only by its own
+    deadline (calls ran up to ``io_timeout_s`` late or returned nothing; found
+    by a review). Such a call is refused; loops one after the other (one
+    ``asyncio.run()`` after another) are served.
+
+    :param owner: the pool's class name, for the message
+    """
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._calls: Dict[asyncio.AbstractEventLoop, int] = {}
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Count a call of the running loop while it runs.
+
+        :raises VowpalWabbitError: when another loop, running, has calls in progress
+        """
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if any(other is not loop and other.is_running() for other in self._calls):
+                raise VowpalWabbitError(
+                    f"{self._owner} serves one event loop at a time, and calls of another "
+                    "loop, running in another thread, are in progress: give each event loop "
+                    "its own pool, or call a VowpalWabbitPool from threads")
+            self._calls[loop] = self._calls.get(loop, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._calls.pop(loop) - 1
+                if left:
+                    self._calls[loop] = left
 
 
 async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]", attempt: str,

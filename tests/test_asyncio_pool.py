@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -732,3 +733,46 @@ def test_a_call_without_a_deadline_on_a_stopped_engine_fails_over_after_io_timeo
             assert stopped not in pool.engine_pids()
 
     run(main())
+
+
+class _HeldFormatter(DictFormatter):
+    """Holds the loop of a call whose request says ``hold`` until ``gate`` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.holding = threading.Event()
+
+    def format_common_features(self, common_features, debug_info=None):
+        if common_features.get("hold"):
+            self.holding.set()
+            self.gate.wait(30)
+        return super().format_common_features(common_features, debug_info)
+
+
+def test_a_call_of_a_second_event_loop_running_at_once_is_refused(trained_model, truth):
+    """A pool serves one running event loop at a time: a call of a loop in
+    another thread, while calls of the first are in progress, waited for an
+    engine until its own deadline (or io_timeout_s), unwoken, and returned
+    nothing (found by a review). It is refused; once the first loop's calls
+    have ended, the second loop is served."""
+    formatter = _HeldFormatter()
+    pool = AsyncVowpalWabbitPool(formatter, scoring_args(trained_model), size=1)
+    run(pool.start())
+    first: list = []
+
+    def first_loop():
+        first.append(run(pool.predict(dict(common(1), hold=True), items(300))))
+
+    thread = threading.Thread(target=first_loop)
+    thread.start()
+    try:
+        assert formatter.holding.wait(30)
+        with pytest.raises(VowpalWabbitError, match="one event loop at a time"):
+            run(pool.predict(common(2), items(300), timeout=5.0))
+    finally:
+        formatter.gate.set()
+        thread.join(60)
+    assert first == [truth[trained_model][1][:300]]
+    assert run(pool.predict(common(2), items(300), timeout=5.0)) == truth[trained_model][2][:300]
+    run(pool.close())
