@@ -98,13 +98,23 @@ def engines_of_job(unique_id: int) -> List[int]:
 
 
 def listening_ports() -> set:
-    """TCP ports in the LISTEN state on this machine (IPv4)."""
+    """TCP ports in the LISTEN state (IPv4) on sockets of this process: the
+    rendezvous's. (Another process may listen on a port the rendezvous let go
+    of: a worker its nanny restarted took one once.)"""
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            ours.add(target[len("socket:["):-1])
     ports = set()
     with open("/proc/net/tcp", encoding="ascii") as handle:
         next(handle)
         for line in handle:
             fields = line.split()
-            if fields[3] == "0A":
+            if fields[3] == "0A" and fields[9] in ours:
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
