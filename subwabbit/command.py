@@ -209,7 +209,9 @@ def quiet_but_errors(vw_args: Sequence[str]) -> List[str]:
     ``--quiet`` also silences the message of an error that ends the engine
     (a malformed label, say), which subwabbit puts into the exception it
     raises. Warnings and progress stay silent as with ``--quiet``. An explicit
-    ``--log_level`` is left alone.
+    ``--log_level`` is left alone. The replacement comes first, so that an
+    option left without its value at the end of ``vw_args`` (``-f``) is
+    refused by the engine rather than given ``--log_level`` as its value.
 
     :param vw_args: normalised engine arguments
     :returns: the arguments to pass on
@@ -218,4 +220,4 @@ def quiet_but_errors(vw_args: Sequence[str]) -> List[str]:
     if "--quiet" not in args or any(arg == "--log_level" or arg.startswith("--log_level=")
                                     for arg in args):
         return args
-    return [arg for arg in args if arg != "--quiet"] + ["--log_level", "error"]
+    return ["--log_level", "error"] + [arg for arg in args if arg != "--quiet"]

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from subwabbit import VowpalWabbitDummyFormatter
+from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitStartupError
 
 from conftest import (Client, DictFormatter, children_of_this_process, common, items,
                       scoring_args, wait_until)
@@ -279,3 +279,24 @@ def test_yes_or_no_settings_take_numbers_and_numpy_booleans(kind):
             assert getattr(client.model, name) is meant
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_args", [["--quiet", "-b"], ["--quiet", "-f"],
+                                     ["--cb_adf", "--readable_model"]])
+def test_an_option_without_its_value_at_the_end_takes_none_of_the_added_arguments(
+        kind, vw_args, tmp_path, monkeypatch):
+    """``--log_level error`` (for ``--quiet``) and ``--rank_all`` (for
+    ``--cb_adf``) were added after ``vw_args``, so a last option without its
+    value took them: ``-b`` failed with ``Failed to convert --log_level``,
+    ``-f`` made the engine read its examples from a file named ``error``
+    (and answer the probe from it) and ``--readable_model`` dropped
+    ``--rank_all`` (a start-up error asking for ``prediction_type=``). The
+    engine now says the option lacks its value, as vw does, and makes no file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "error").write_text("1 |a x\n" * 5, encoding="ascii")
+    before = set(children_of_this_process())
+    with pytest.raises(VowpalWabbitStartupError, match=r"Expected value for"):
+        Client(kind, VowpalWabbitDummyFormatter(), vw_args, **sized(kind))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["error"]
+    assert wait_until(lambda: set(children_of_this_process()) <= before)

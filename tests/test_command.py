@@ -170,7 +170,7 @@ def test_build_argv_command_prefix_and_user_args_last():
     assert argv[:2] == command
     assert argv[2:4] == ["-p", "stdout"]
     # --quiet would also hide the message of a fatal example error
-    assert argv[-5:] == ["-i", "model.vw", "-t", "--log_level", "error"]
+    assert argv[-5:] == ["--log_level", "error", "-i", "model.vw", "-t"]
     assert "--quiet" not in argv
     assert command == [sys.executable, "/x/engine.py"]  # not modified
 

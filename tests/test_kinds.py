@@ -46,11 +46,11 @@ def test_the_arguments_choose_the_kind(args, name, answer_lines, multi_line):
 
 
 def test_cb_adf_runs_with_rank_all_so_that_every_item_gets_its_score():
-    assert choose_kind(["--cb_adf"]).engine_args(["--cb_adf"]) == ["--cb_adf", "--rank_all"]
+    assert choose_kind(["--cb_adf"]).engine_args(["--cb_adf"]) == ["--rank_all", "--cb_adf"]
     assert choose_kind(["--cb_adf", "--rank_all"]).engine_args(["--cb_adf", "--rank_all"]) == [
         "--cb_adf", "--rank_all"]
-    assert choose_kind(["-i", "m"], "cb_adf").engine_args(["-i", "m"]) == ["-i", "m",
-                                                                           "--rank_all"]
+    assert choose_kind(["-i", "m"], "cb_adf").engine_args(["-i", "m"]) == ["--rank_all", "-i",
+                                                                           "m"]
 
 
 def test_prediction_type_names_the_kind_of_a_model_file():

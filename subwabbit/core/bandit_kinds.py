@@ -186,7 +186,9 @@ class AdfKind(PredictionKind):
     def engine_args(self, vw_args: Sequence[str]) -> List[str]:
         args = list(vw_args)
         if "--rank_all" not in args:
-            args.append("--rank_all")
+            # first: an option left without its value at the end of vw_args
+            # (--readable_model) would take it as its value
+            args.insert(0, "--rank_all")
         return args
 
     def parse_example(self, lines: List[bytes], items: int) -> List[Any]:
