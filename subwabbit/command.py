@@ -97,8 +97,8 @@ def refuse_stale_cache(tokens: Sequence[str]) -> None:
                          "subwabbit sends; add --kill_cache (-k)")
 
 
-def _token_text(token: object) -> str:
-    """One ``vw_args`` token as the engine gets it.
+def _token_text(token: object, name: str = "vw_args") -> str:
+    """One ``vw_args`` (or ``vw_command``: ``name``) token as the engine gets it.
 
     :raises TypeError: for a token that is not a string, a path or a number
     """
@@ -110,7 +110,7 @@ def _token_text(token: object) -> str:
             return path
     elif isinstance(token, numbers.Real) and not isinstance(token, bool):
         return str(int(token)) if isinstance(token, numbers.Integral) else repr(float(token))
-    raise TypeError(f"vw_args must hold strings, paths or numbers, got {token!r}")
+    raise TypeError(f"{name} must hold strings, paths or numbers, got {token!r}")
 
 
 def default_engine_command() -> List[str]:
@@ -132,13 +132,19 @@ def resolve_engine_command(
     :param vw_command: an explicit command, or ``None``
     :returns: the argv prefix to which engine options are appended
     :raises ValueError: for an empty command
+    :raises TypeError: for a command that is neither a path nor a sequence
+        of words (``bytes``, whose items are ints, a number), or a word that
+        is not a string, a path or a number (``bytes``, ``None``)
     """
     if vw_command is not None:
         if isinstance(vw_command, (str, os.PathLike)):
             command = [os.fspath(vw_command)]
+        elif (isinstance(vw_command, (bytes, bytearray, memoryview, Mapping, AbstractSet))
+              or not isinstance(vw_command, Iterable)):
+            raise TypeError("vw_command must be a path or a list of command-line words, got "
+                            f"{type(vw_command).__name__} {vw_command!r}")
         else:
-            command = [os.fspath(part) if isinstance(part, os.PathLike) else str(part)
-                       for part in vw_command]
+            command = [_token_text(part, "vw_command") for part in vw_command]
         if not command or not command[0]:
             raise ValueError("vw_command must name an executable")
         return command

@@ -300,3 +300,18 @@ def test_an_option_without_its_value_at_the_end_takes_none_of_the_added_argument
         Client(kind, VowpalWabbitDummyFormatter(), vw_args, **sized(kind))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["error"]
     assert wait_until(lambda: set(children_of_this_process()) <= before)
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_command", [b"/usr/bin/vw", 5, [b"/usr/bin/vw"],
+                                        ["/usr/bin/env", None, "vw"]])
+def test_a_vw_command_that_is_not_a_path_or_a_list_of_words_is_refused_before_an_engine_starts(
+        kind, vw_command):
+    """``bytes`` was read as a list of ints (the engine command ``47 117
+    115 ...``: "cannot run the vw engine '47'"), ``5`` raised "'int' object
+    is not iterable", and a ``bytes`` or ``None`` word was passed on as its
+    ``str()``: ``"b'/usr/bin/vw'"``, or ``None`` that ``env`` tried to run."""
+    before = set(children_of_this_process())
+    with pytest.raises(TypeError, match=r"^vw_command must "):
+        Client(kind, DictFormatter(), ["--quiet"], vw_command=vw_command, **sized(kind))
+    assert set(children_of_this_process()) <= before
