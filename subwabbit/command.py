@@ -17,7 +17,8 @@ from .engine.program import option_name
 #: Environment variable that names the engine command (parsed with :func:`shlex.split`).
 ENGINE_ENV_VAR = "SUBWABBIT_VW"
 
-#: Options the client sets itself: it owns the engine's input, output and logs.
+#: Options the client sets itself (it owns the engine's input, output and logs), and
+#: those with which the engine serves nothing.
 _OWNED_OPTIONS = {
     "-p": "predictions are read from the engine's stdout by subwabbit",
     "--predictions": "predictions are read from the engine's stdout by subwabbit",
@@ -29,6 +30,11 @@ _OWNED_OPTIONS = {
     "--driver_output": "subwabbit keeps the engine's stdout for predictions",
     "-a": "pass audit_mode=True instead",
     "--audit": "pass audit_mode=True instead",
+    # and options with which the engine prints something else and serves nothing
+    "-h": "vw would print its help instead of serving",
+    "--help": "vw would print its help instead of serving",
+    "--version": "vw would print its version instead of serving",
+    "--dry_run": "vw would check its arguments and exit instead of serving",
 }
 
 VwArgs = Union[Sequence[Union[str, int, float, "os.PathLike[str]"]], str]
@@ -43,7 +49,8 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
         a shell would
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
-        ``--audit``, ...), or a token with a NUL byte (reductions subwabbit
+        ``--audit``, ...) or with which vw serves nothing (``--help``,
+        ``--version``, ``--dry_run``), or a token with a NUL byte (reductions subwabbit
         cannot serve are refused by :func:`~subwabbit.core.kinds.choose_kind`)
     :raises TypeError: for ``vw_args`` that are neither one string nor a
         sequence of tokens (``bytes``, whose items are ints, a dict, a set,

@@ -315,3 +315,17 @@ def test_a_vw_command_that_is_not_a_path_or_a_list_of_words_is_refused_before_an
     with pytest.raises(TypeError, match=r"^vw_command must "):
         Client(kind, DictFormatter(), ["--quiet"], vw_command=vw_command, **sized(kind))
     assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_args", [["--help"], ["-h"], ["--version"], ["-t", "--dry_run"]])
+def test_options_with_which_vw_serves_nothing_are_refused_before_an_engine_starts(kind, vw_args):
+    """The engine started and printed its help or version where the probe's
+    answer was expected: "the vw engine printed b'    -a, --audit ...'
+    where no answer was expected ... pass prediction_type=". With
+    ``--dry_run`` vw exited at once ("exited during start-up", code 0, no
+    message), and the wheel's engine served as if it were not there."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=rf"^vw_args must not contain '{vw_args[-1]}': vw would"):
+        Client(kind, DictFormatter(), vw_args, **sized(kind))
+    assert set(children_of_this_process()) <= before
