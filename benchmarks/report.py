@@ -255,11 +255,14 @@ def summarize(results: Dict[str, Any]) -> None:
         measured[key] = (train[f"write-only train ({name})"]["vs_engine"], 0.90, ">=")
         targets.append({"target": key, "description": f"write-only train ({name}) >= 0.90x "
                                                       f"engine alone ({name}) reading the file"})
+    wrong = wrong_contenders(results)
     for target in targets:
         value, bound, sense = measured[target["target"]]
         met = None if value is None else (value >= bound if sense == ">=" else
                                           value > bound if sense == ">" else value <= bound)
-        target.update(value=value, bound=bound, met=met,
+        # A class left out of the timing for predicting wrong missed its targets.
+        is_wrong = target["target"].split("_")[0] in wrong
+        target.update(value=value, bound=bound, met=False if is_wrong else met, wrong=is_wrong,
                       unit="ms" if target["target"].endswith(("p999", "max")) else "x")
     results["summary"] = {
         "lines": lines, "wall_ms": walls, "throughput": throughput, "training": train,
@@ -268,6 +271,32 @@ def summarize(results: Dict[str, Any]) -> None:
                         "training": best_training},
         "engine_vs_pyvw_public": _ratio(lines[engine_alone(default)]["mean"],
                                         lines.get("pyvw-public", {}).get("mean"))}
+
+
+def wrong_contenders(results: Dict[str, Any]) -> List[str]:
+    """The contenders (not the ways to call pyvw, which have a table of their
+    own) whose predictions differed from the engine's in the correctness
+    check, and were therefore left out of every measurement."""
+    return [name for name, check in results.get("correctness", {}).items()
+            if not check["equal"] and not name.startswith("pyvw: ")]
+
+
+def correctness_paragraph(results: Dict[str, Any]) -> str:
+    """What the check before the timing found for subwabbit's classes (the
+    ways to call pyvw have a table of their own); ``""`` when none ran."""
+    checks = {name: check for name, check in results.get("correctness", {}).items()
+              if not name.startswith("pyvw: ")}
+    if not checks:
+        return ""
+    lines = next(iter(checks.values()))["lines"]
+    right = [name for name, check in checks.items() if check["equal"]]
+    parts = [f"{', '.join(right)} returned exactly the engine's predictions for the first "
+             f"{lines:,} lines (the engine reading them from a file)"] if right else []
+    parts += [f"{name} predicted differently from the engine (largest difference "
+              f"{checks[name]['max_abs_difference']:.6g}, {checks[name]['returned']:,} "
+              f"predictions for {lines:,} lines): left out of every table, its targets missed"
+              for name in wrong_contenders(results)]
+    return "Before the timing, " + "; ".join(parts) + "."
 
 
 # ------------------------------------------------------------------ tables
@@ -378,6 +407,9 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
                f"{workload['mean_line_bytes']:.0f} bytes per line on average; a logistic "
                "regression with 18 quadratic interactions.")
 
+    checked = correctness_paragraph(results)
+    if checked:
+        out.append(checked)
     best = summary["best_engine"]
     out.append(f"**Predictions per request within timeout={timeout_ms:g} ms** (vs engine: "
                "against the engine it ran on reading the same lines from a file; vs best "
@@ -510,6 +542,8 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
         unit = target["unit"]
         value = "-" if target["value"] is None else (
             f"{target['value']:.2f} ms" if unit == "ms" else f"{target['value']:.2f}x")
+        if target.get("wrong"):
+            value = "wrong predictions"
         met = {True: "met", False: "MISSED", None: "not run"}[target["met"]]
         rows.append([target["description"], value, met])
     out.append(simple_table(["target", "measured", "result"], rows))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,8 @@ def test_main_benchmark_quick_run_checks_every_contender(tmp_path):
                       "engine alone (wheel)"):
         assert results["summary"]["lines"][contender]["mean"] > 0, output
     assert "Targets" in text
+    assert ("Before the timing, blocking, nonblocking, pool, pool-1 returned exactly the "
+            "engine's predictions for the first") in text
 
     # one row per timed call, saved with the results
     calls = pandas.read_csv(tmp_path / "calls.csv.gz")
@@ -342,6 +345,72 @@ def test_pauses_probe_reports_both_measurements():
     output = run_module("benchmarks.pauses", "--seconds", "0.2")
     assert "busy loop, 0.2 s:" in output
     assert "sleeps of 1 ms in select: late by p50" in output
+
+
+#: The smallest run of the main benchmark: a few calls of each kind.
+TINY_RUN = ("--requests", "6", "--items", "200", "--train-lines", "1000", "--train-rounds", "1",
+            "--rounds", "1", "--throughput-requests", "2", "--engine-requests", "6",
+            "--check-requests", "2", "--breakdown-requests", "2", "--block", "3",
+            "--warm-up-calls", "1", "--pause-probe", "0.1", "--no-subwabbit-2", "--no-plots")
+
+
+def run_main_benchmark(out, *args, wrong=""):
+    """The main benchmark in a child Python, with the contender named ``wrong``
+    (if any) returning its real engine's predictions plus 0.5."""
+    code = ("import sys\n"
+            "import benchmarks.__main__ as bench\n"
+            "def wrong(make):\n"
+            "    def made(*args, **kwargs):\n"
+            "        contender = make(*args, **kwargs)\n"
+            "        predict = contender.predict\n"
+            "        contender.predict = lambda *call: [p + 0.5 for p in predict(*call)]\n"
+            "        return contender\n"
+            "    return made\n"
+            f"if {wrong!r}:\n"
+            f"    name = {wrong!r} + '_contender'\n"
+            "    setattr(bench, name, wrong(getattr(bench, name)))\n"
+            "bench.main(sys.argv[1:])\n")
+    return subprocess.run([sys.executable, "-c", code, *TINY_RUN, *args, "--out", str(out)],
+                          cwd=ROOT, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300).stdout
+
+
+def target_rows(text):
+    """The rows of the report's table of targets: description -> (measured, result)."""
+    table = text[text.index("**Targets**"):].split("\n\n")[1].splitlines()[3:-1]
+    rows = {}
+    for line in table:
+        description, measured, result = re.split(r" {2,}", line.strip())
+        rows[description] = (measured, result)
+    return rows
+
+
+def test_a_contender_that_predicts_wrong_misses_its_targets_and_the_report_says_so(tmp_path):
+    """A class whose predictions differ from the engine's is left out of the
+    timing, and the report says why: its targets are missed, not 'not run'."""
+    pytest.importorskip("numpy")
+    pytest.importorskip("pandas")
+    output = run_main_benchmark(tmp_path, "--contenders", "blocking,nonblocking",
+                                wrong="nonblocking")
+    assert "MISMATCH: nonblocking" in output
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert not results["correctness"]["nonblocking"]["equal"]
+    assert results["correctness"]["blocking"]["equal"]
+    assert "nonblocking" not in results["timeout"]["contenders"]
+    text = (tmp_path / "results.rst").read_text()
+    assert ("Before the timing, blocking returned exactly the engine's predictions for the "
+            "first 400 lines") in text, text
+    assert "; nonblocking predicted differently from the engine (largest difference 0.5" in text
+    rows = target_rows(text)
+    for description, (measured, result) in rows.items():
+        if description.startswith("nonblocking:"):
+            assert (measured, result) == ("wrong predictions", "MISSED"), rows
+        if description.startswith("blocking:"):  # (a tiny run's throughput may be unmeasured)
+            assert measured != "wrong predictions", rows
+        if description.startswith("pool"):  # not asked for: not run
+            assert (measured, result) == ("-", "not run"), rows
+    assert rows["blocking: mean predictions per request >= 0.90x best engine alone"][1] in (
+        "met", "MISSED")
 
 
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
