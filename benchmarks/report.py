@@ -250,6 +250,12 @@ def summarize(results: Dict[str, Any]) -> None:
     }
     targets = [dict(target=key, description=description)
                for key, description in TARGETS]
+    pool_size = results.get("contender_settings", {}).get("pool", {}).get("size")
+    if pool_size:  # the default size follows the CPUs this process may use (--client-cpus)
+        for target in targets:
+            target["description"] = target["description"].replace(
+                "pool (default size)",
+                f"pool (default size, here {pool_size} engine{'s' if pool_size > 1 else ''})")
     for name in training["write_only_train"]:
         key = f"write_only_train_{name}"
         measured[key] = (train[f"write-only train ({name})"]["vs_engine"], 0.90, ">=")
@@ -557,8 +563,8 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
         if "method" in data:
             described.append(f"{name}: {data['how']}")
         else:
-            extra = ", ".join(f"{key}={data[key]}" for key in ("batch_size", "max_pending_lines",
-                                                               "write_cutoff_s") if key in data)
+            extra = ", ".join(f"{key}={data[key]}" for key in (
+                "size", "batch_size", "max_pending_lines", "write_cutoff_s") if key in data)
             described.append(f"{name}: {data['class']}({extra})")
     out.append("Contenders: " + "; ".join(described) + ".")
     return "\n\n".join(out) + "\n"

@@ -413,6 +413,21 @@ def test_a_contender_that_predicts_wrong_misses_its_targets_and_the_report_says_
         "met", "MISSED")
 
 
+def test_the_report_gives_each_pools_size(tmp_path):
+    """The pool of the default size has as many engines as this process may
+    use CPUs: with --client-cpus 0, one, like pool-1. The report says so."""
+    pytest.importorskip("numpy")
+    pytest.importorskip("pandas")
+    run_main_benchmark(tmp_path, "--contenders", "pool,pool-1", "--client-cpus", "0")
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["contender_settings"]["pool"]["size"] == 1
+    text = (tmp_path / "results.rst").read_text()
+    assert "pool: subwabbit.VowpalWabbitPool(size=1, batch_size=" in text
+    assert "pool-1: subwabbit.VowpalWabbitPool(size=1, batch_size=" in text
+    assert ("pool (default size, here 1 engine): mean predictions per request > best engine "
+            "alone") in target_rows(text)
+
+
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
     pytest.importorskip("pandas")
