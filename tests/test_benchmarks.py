@@ -428,6 +428,26 @@ def test_the_report_gives_each_pools_size(tmp_path):
             "alone") in target_rows(text)
 
 
+def test_a_target_whose_reference_is_unmeasured_reads_unmeasured_not_not_run(tmp_path):
+    """When the start-up's noise hides the engine alone's rate (FileRuns gives
+    None, as on a loaded machine with little work), the throughput targets of
+    the classes that ran have no figure: unmeasured, not 'not run'."""
+    pytest.importorskip("numpy")
+    pytest.importorskip("pandas")
+    from benchmarks.report import summarize, tables  # pylint: disable=import-outside-toplevel
+    run_main_benchmark(tmp_path, "--contenders", "blocking")
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["throughput"]["engines"]["wheel"]["file"]["lines_per_s"] = None
+    summarize(results)
+    rows = target_rows(tables(results))
+    assert rows["blocking: throughput without timeout >= 0.90x its engine alone"] == (
+        "-", "unmeasured"), rows
+    assert rows["blocking: mean predictions per request >= 0.90x best engine alone"][1] in (
+        "met", "MISSED")
+    assert rows["nonblocking: throughput without timeout >= 0.90x its engine alone"] == (
+        "-", "not run"), rows  # not asked for
+
+
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
     pytest.importorskip("pandas")
