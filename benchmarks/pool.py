@@ -196,7 +196,7 @@ def priority(workload: Workload, model: str, timeout: float, size: int,
 
 def _print_one_caller(title: str, results: Dict[str, Any]) -> None:
     print(f"\n{title}")
-    print(f"{'contender':<16}{'mean':>8}{'p1':>8}{'p50':>8}   wall ms: {'p50':>6}{'p99':>7}"
+    print(f"{'contender':<16}{'mean':>8}{'min':>8}{'p50':>8}   wall ms: {'p50':>6}{'p99':>7}"
           f"{'p99.9':>7}{'max':>7}  >+1 ms")
     for name, result in results.items():
         predictions = result["predictions"]

@@ -448,6 +448,21 @@ def test_a_target_whose_reference_is_unmeasured_reads_unmeasured_not_not_run(tmp
         "-", "not run"), rows  # not asked for
 
 
+def test_the_pool_benchmarks_one_caller_table_names_its_columns_after_their_figures(capsys):
+    """Its second column is each contender's fewest predictions in a call."""
+    from benchmarks.pool import _print_one_caller  # pylint: disable=import-outside-toplevel
+    _print_one_caller("one caller", {
+        "pool of 2": {"predictions": {"mean": 2900.0, "min": 1200, "p50": 3000},
+                      "wall_ms": {"p50": 9.0, "p99": 10.1, "p99.9": 10.2, "max": 10.3},
+                      "late_over_1ms": 0},
+        "engine alone": {"predictions": {"mean": 2950.0, "min": 1500, "p50": 3000}}})
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[2].split()
+    assert header[:4] == ["contender", "mean", "min", "p50"], lines
+    assert lines[3].split()[:5] == ["pool", "of", "2", "2900", "1200"]
+    assert lines[4].split()[:4] == ["engine", "alone", "2950", "1500"]
+
+
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
     pytest.importorskip("pandas")
