@@ -83,7 +83,8 @@ def one_caller(workload: Workload, model: str, timeout: float,
             formatter.format_item_features(request, item)) for item in items]
             for request, items in workload.pairs(range(len(workload)))]
         durations = per_request_rates(engine_command(), args, lines, workdir)
-    within = [min(len(items), len(items) * timeout / seconds) if seconds > 0 else len(items)
+    # whole lines, as a call returns them (and as the main benchmark counts them)
+    within = [min(len(items), int(len(items) * timeout / seconds)) if seconds > 0 else len(items)
               for items, seconds in zip(lines[1:], durations)]
     results["engine alone"] = {"predictions": _quantiles(within)}
     return results

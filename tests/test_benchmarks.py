@@ -463,6 +463,22 @@ def test_the_pool_benchmarks_one_caller_table_names_its_columns_after_their_figu
     assert lines[4].split()[:4] == ["engine", "alone", "2950", "1500"]
 
 
+def test_the_pool_benchmarks_engine_alone_finishes_whole_lines_within_the_timeout(tmp_path):
+    """With a timeout that cuts every request, the engine alone's lines within
+    it are whole lines, as a call's predictions are."""
+    from benchmarks.pool import one_caller  # pylint: disable=import-outside-toplevel
+    from benchmarks.turns import train_model  # pylint: disable=import-outside-toplevel
+    from benchmarks.workload import Workload  # pylint: disable=import-outside-toplevel
+    workload = Workload(4, 300)
+    model = str(tmp_path / "model.vw")
+    train_model(workload, model, lines=600)
+    results = one_caller(workload, model, 0.0002, [1], singles=False)
+    alone = results["engine alone"]["predictions"]
+    assert 0 <= alone["min"] < 300, results  # cut: 300 lines take longer than 0.2 ms
+    for key in ("min", "p50", "max"):
+        assert alone[key] == int(alone[key]), results
+
+
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
     pytest.importorskip("pandas")
