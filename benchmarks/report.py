@@ -283,6 +283,16 @@ def summarize(results: Dict[str, Any]) -> None:
                                         lines.get("pyvw-public", {}).get("mean"))}
 
 
+def target_figure(value: float, bound: float) -> str:
+    """``value`` with two decimals, or as many more as it takes (up to six)
+    not to print the bound itself: 1.0046 against a bound of 1 is "1.005",
+    not "1.00", which would read as met and missed alike."""
+    digits = 2
+    while digits < 6 and f"{value:.{digits}f}" == f"{bound:.{digits}f}" and value != bound:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def wrong_contenders(results: Dict[str, Any]) -> List[str]:
     """The contenders (not the ways to call pyvw, which have a table of their
     own) whose predictions differed from the engine's in the correctness
@@ -551,7 +561,8 @@ def tables(results: Dict[str, Any], calls: Any = None) -> str:
     for target in summary["targets"]:
         unit = target["unit"]
         value = "-" if target["value"] is None else (
-            f"{target['value']:.2f} ms" if unit == "ms" else f"{target['value']:.2f}x")
+            f"{target_figure(target['value'], target['bound'])}"
+            + (" ms" if unit == "ms" else "x"))
         if target.get("wrong"):
             value = "wrong predictions"
         met = {True: "met", False: "MISSED"}.get(

@@ -479,6 +479,25 @@ def test_the_pool_benchmarks_engine_alone_finishes_whole_lines_within_the_timeou
         assert alone[key] == int(alone[key]), results
 
 
+def test_a_target_measured_next_to_its_bound_shows_which_side_it_is_on(tmp_path):
+    """The pool's target is "more than the best engine alone": a pool 0.4%
+    ahead must not read "1.00x met", nor one 0.04% behind "1.00x MISSED"."""
+    pytest.importorskip("numpy")
+    pytest.importorskip("pandas")
+    from benchmarks.report import summarize, tables  # pylint: disable=import-outside-toplevel
+    run_main_benchmark(tmp_path, "--contenders", "pool")
+    results = json.loads((tmp_path / "results.json").read_text())
+    alone = results["engine_per_request"]["wheel"]
+    for pool, shown in ((10_040, ("1.004x", "met")), (9_996, ("0.9996x", "MISSED")),
+                        (10_000, ("1.00x", "MISSED")), (10_600, ("1.06x", "met"))):
+        alone["lines"] = [10_000] * len(alone["lines"])
+        results["timeout"]["contenders"]["pool"]["lines"] = [pool] * len(alone["lines"])
+        summarize(results)
+        [row] = [figures for description, figures in target_rows(tables(results)).items()
+                 if description.startswith("pool (default size")]
+        assert row == shown
+
+
 def test_main_benchmark_writes_outside_the_tree_by_default_and_reports_the_engine_on_stdin():
     pytest.importorskip("numpy")
     pytest.importorskip("pandas")
