@@ -554,7 +554,9 @@ def test_no_wake_for_a_copy_that_no_lane_has_room_for():
     for key in engines:
         exchange.add_lane(key, Channel())
     for step in range(10):
-        exchange.step(step * 0.001)
+        # (every line dealt before a lane is quiet long enough for a copy
+        # while items are left: HEDGE_WHILE_DEALING_MIN_S)
+        exchange.step(step * 0.0001)
         for lane in exchange.lanes:
             lane.channel.write_with(engines[lane.key].write)
     assert not exchange.dealing and not exchange.done

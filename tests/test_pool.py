@@ -791,6 +791,31 @@ def test_a_stopped_engine_holds_no_call_up_once_its_items_are_dealt(trained_mode
         assert stopped in pool.engine_pids() and pool.stats()["engine_failures"] == 0
 
 
+def test_a_stopped_engine_holds_no_call_up_while_items_are_left_to_deal(trained_model, truth):
+    """The batch of a stopped engine that the results wait for is copied to
+    the engine that answers while new items are still dealt: a call too
+    large to be dealt whole by its deadline returns the items the other
+    engine answered (before, it returned what came before that batch: at
+    most one batch of 100)."""
+    expected = truth[trained_model][1]
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2,
+                          io_timeout_s=60.0) as pool:
+        stopped = pool.engine_pids()[0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            metrics = {}
+            began = time.perf_counter()
+            got = pool.predict(common(1), ({"id": index % 50} for index in range(10 ** 8)),
+                               timeout=0.5, metrics=metrics)
+            assert time.perf_counter() - began < 0.5 + 0.5
+            assert len(got) > 1000, (len(got), metrics)
+            assert got == [expected[index % len(expected)] for index in range(len(got))]
+            assert metrics["hedged_lines"] > 0 and metrics["engine_failures"] == 0
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
+
+
 def test_close_returns_within_its_timeout_with_a_stopped_engine(trained_model):
     pool = VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
     pids = pool.engine_pids()
