@@ -215,13 +215,15 @@ class AsyncVowpalWabbitPool(PoolBase):
                  ) -> None:
         hand_off(asyncio.get_running_loop(), discard, engines, group)
 
-    def _start_engine_later(self, generation: int) -> None:
-        self._start_in_background("_try_replacement", generation)
+    def _start_engine_later(self, generation: int, delay: float = 0.0) -> None:
+        self._start_in_background("_try_replacement", generation, delay)
 
-    def _start_in_background(self, attempt: str, generation: int) -> None:
+    def _start_in_background(self, attempt: str, generation: int, delay: float = 0.0) -> None:
         """Start engines for ``generation`` with ``attempt`` (see
-        :func:`_keep_trying`) in a task of the running loop."""
-        task = asyncio.ensure_future(_keep_trying(weakref.ref(self), attempt, generation))
+        :func:`_keep_trying`) in a task of the running loop, ``delay``
+        seconds from now."""
+        task = asyncio.ensure_future(_keep_trying(weakref.ref(self), attempt, generation,
+                                                  delay))
         tasks, starts = self._tasks, self._starts
         tasks.add(task)
         starts[task] = (attempt, generation)
@@ -455,13 +457,18 @@ class _OneLoopAtATime:
 
 
 async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]", attempt: str,
-                       generation: int) -> None:
+                       generation: int, delay: float = 0.0) -> None:
     """Start engines for ``generation`` of a pool with its coroutine method
     ``attempt`` (a key of :data:`~subwabbit.pool_base.START_ATTEMPTS`),
     trying again after a failure (any exception but a cancellation) while
     the pool serves that model (``close()`` cancels the task). Between
     attempts the task holds the pool only weakly: a pool dropped without
-    ``close()`` is released while a start waits."""
+    ``close()`` is released while a start waits.
+
+    :param delay: seconds to wait before the first attempt
+    """
+    if delay:
+        await asyncio.sleep(delay)
     failures = 0
     while True:
         pool = pool_ref()
@@ -472,11 +479,11 @@ async def _keep_trying(pool_ref: "weakref.ReferenceType[AsyncVowpalWabbitPool]",
             return
         except Exception as exc:  # pylint: disable=broad-except
             failures += 1
-            delay = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
+            retry_s = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
         del pool
-        if delay is None:
+        if retry_s is None:
             return
-        await asyncio.sleep(delay)
+        await asyncio.sleep(retry_s)
 
 
 async def _in_executor(group: EngineGroup, start: Any, *args: Any) -> Any:

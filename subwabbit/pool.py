@@ -52,7 +52,9 @@ class VowpalWabbitPool(PoolBase):
     An engine that fails, or that owes answers and prints nothing for
     ``io_timeout_s``, is replaced in the background (logged at WARNING,
     counted in :meth:`~subwabbit.pool_base.PoolBase.stats`); the batches it
-    owed a call are dealt to the call's other engines.
+    owed a call are dealt to the call's other engines. When engines keep
+    failing soon after they start, their replacements wait, up to a second
+    (:data:`~subwabbit.pool_base.YOUNG_FAILURE_RETRY_S`).
 
     :param formatter: turns common and item features into VW lines
     :param vw_args: engine arguments, typically ``["-i", "model.vw", "-t", "--quiet"]``
@@ -153,9 +155,10 @@ class VowpalWabbitPool(PoolBase):
             threading.Thread(target=_retire_all, args=([slot.engine for slot in slots], timeout),
                              name="subwabbit-pool-close", daemon=True).start()
 
-    def _start_engine_later(self, generation: int) -> None:
+    def _start_engine_later(self, generation: int, delay: float = 0.0) -> None:
         threading.Thread(target=_keep_trying,
-                         args=(weakref.ref(self), self._cond, "_try_replacement", generation),
+                         args=(weakref.ref(self), self._cond, "_try_replacement", generation,
+                               delay),
                          name="subwabbit-pool-replace", daemon=True).start()
 
     def _engine_exited(self, pid: int) -> None:
@@ -402,16 +405,22 @@ class VowpalWabbitPool(PoolBase):
 
 
 def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: threading.Condition,
-                 attempt: str, generation: int) -> None:
+                 attempt: str, generation: int, delay: float = 0.0) -> None:
     """Start engines for ``generation`` of a pool (on a thread of its own)
     with its method ``attempt`` (a key of
     :data:`~subwabbit.pool_base.START_ATTEMPTS`), trying again after a
     failure (any exception: a VowpalWabbitError, or the machine out of
     descriptors or threads) while the pool serves that model. Between
     attempts the thread holds the pool only weakly: a pool dropped without
-    ``close()`` is released, and its engines with it, while a start waits."""
+    ``close()`` is released, and its engines with it, while a start waits.
+
+    :param delay: seconds to wait before the first attempt
+    """
     failures = 0
+    wait: Optional[float] = delay
     while True:
+        if wait and not _wait_to_try(pool_ref, cond, generation, wait):
+            return
         pool = pool_ref()
         if pool is None:
             return
@@ -420,23 +429,32 @@ def _keep_trying(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: thre
             return
         except Exception as exc:  # pylint: disable=broad-except
             failures += 1
-            delay = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
+            wait = pool._start_failed(exc, failures, generation, attempt)  # pylint: disable=protected-access
         del pool
-        if delay is None:
+        if wait is None:
             return
-        # Until the time is up, or close() or reload() (which notify) ended
-        # the need; calls notify too, as they give engines back.
-        retry_at = time.monotonic() + delay
-        with cond:
-            while True:
-                pool = pool_ref()
-                if pool is None or not pool._serving(generation):  # pylint: disable=protected-access
-                    return
-                del pool
-                left = retry_at - time.monotonic()
-                if left <= 0:
-                    break
-                cond.wait(left)
+
+
+def _wait_to_try(pool_ref: "weakref.ReferenceType[VowpalWabbitPool]", cond: threading.Condition,
+                 generation: int, delay: float) -> bool:
+    """Wait ``delay`` seconds before a start for ``generation``, holding the
+    pool only weakly.
+
+    :returns: ``False`` when the start is no longer wanted (the pool was
+        dropped, closed, or serves another model: close() and reload() notify)
+    """
+    # Calls notify too, as they give engines back.
+    retry_at = time.monotonic() + delay
+    with cond:
+        while True:
+            pool = pool_ref()
+            if pool is None or not pool._serving(generation):  # pylint: disable=protected-access
+                return False
+            del pool
+            left = retry_at - time.monotonic()
+            if left <= 0:
+                return True
+            cond.wait(left)
 
 
 def _retire_all(engines: List[EngineProcess], timeout: float) -> None:

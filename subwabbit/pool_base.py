@@ -57,6 +57,29 @@ def start_retry_s(failures: int) -> float:
     return START_RETRY_S[min(failures, len(START_RETRY_S)) - 1]
 
 
+#: An engine that fails within this many seconds of entering service fails *young*.
+YOUNG_ENGINE_S = 5.0
+
+#: Seconds the replacement of an engine that failed young waits, when more
+#: engines than the pool's size failed young in a row (the first such
+#: failure past the size waits the first figure, and so on; the last
+#: repeats; an engine that fails older starts the count again). Engines
+#: that die at once (killed as they start, or on every example) were
+#: replaced as fast as a fork server forks: 195 a second for a pool of 2,
+#: each logged twice at WARNING. A call that kills its engines (a request vw
+#: dies on) costs a pool no more than a second of an engine short.
+YOUNG_FAILURE_RETRY_S = (0.1, 0.2, 0.5, 1.0)
+
+
+def young_failure_retry_s(young_failures: int, size: int) -> float:
+    """How long the replacement after the ``young_failures``-th failure in
+    a row of a young engine waits, in a pool of ``size`` engines (``0``: none)."""
+    over = young_failures - size
+    if over <= 0:
+        return 0.0
+    return YOUNG_FAILURE_RETRY_S[min(over, len(YOUNG_FAILURE_RETRY_S)) - 1]
+
+
 #: The methods by which each driver starts engines in the background, which
 #: its ``_keep_trying`` calls until one returns, and what each starts.
 START_ATTEMPTS = {"_try_replacement": "a replacement vw engine",
@@ -221,6 +244,9 @@ class PoolBase(ClientBase):
         #: counters since the pool was created, or in a forked child since
         #: the fork (see :meth:`stats`)
         self._counters = _new_counters()
+        #: engines of the generation that failed young in a row (see
+        #: :data:`YOUNG_FAILURE_RETRY_S`), and that generation
+        self._young_failures = (0, 0)
         #: the first batch of the last call that got predictions with no
         #: engine failing: what new engines are warmed up with (see
         #: :meth:`_warm_up_lines`)
@@ -563,12 +589,21 @@ class PoolBase(ClientBase):
                 usage["processes"] += 1
         return usage
 
-    def _log_failure(self, slot: Slot, error: BaseException, replacing: bool) -> None:
+    def _log_failure(self, slot: Slot, error: BaseException, replacing: bool,
+                     delay: float = 0.0) -> None:
         if isinstance(error, VowpalWabbitError):
             slot.engine.add_context(error)
+        if not replacing:
+            then = ""
+        elif delay:
+            then = (f"; engines keep failing within {YOUNG_ENGINE_S:g} s of their start "
+                    f"({self._young_failures[1]} in a row): starting a replacement in "
+                    f"{delay:g} s")
+        else:
+            then = "; starting a replacement"
         # The text, not the error: its traceback holds the pool (see _start_failed).
         logger.warning("a vw engine of the pool failed (vw[%s]): %s%s", slot.engine.pid,
-                       str(error), "; starting a replacement" if replacing else "")
+                       str(error), then)
 
     def _new_group(self, argv: List[str], vw_args: List[str]) -> EngineGroup:
         """The engines of one model, started with ``argv`` (the engine
@@ -677,8 +712,9 @@ class PoolBase(ClientBase):
         to the pool) and the roster deals them to calls."""
         if group is not None:
             group.hand_over(engines)
+        now = _clock()
         for engine in engines:
-            self._roster.add(engine, generation, self._channel_for(engine))
+            self._roster.add(engine, generation, self._channel_for(engine)).since = now
 
     def _channel_for(self, engine: EngineProcess) -> Channel:
         """The channel a started engine serves on: the one its warm-up left
@@ -718,8 +754,9 @@ class PoolBase(ClientBase):
         """Close engines no call holds any more, without waiting for them."""
         raise NotImplementedError()
 
-    def _start_engine_later(self, generation: int) -> None:
-        """Start a replacement engine for ``generation`` in the background."""
+    def _start_engine_later(self, generation: int, delay: float = 0.0) -> None:
+        """Start a replacement engine for ``generation`` in the background,
+        ``delay`` seconds from now."""
         raise NotImplementedError()
 
     def _discard(self, engines: List[EngineProcess], group: Optional[EngineGroup] = None
@@ -1048,11 +1085,26 @@ class PoolBase(ClientBase):
         if it was in service for the current generation of an open pool."""
         replacing = replacing and slot.generation == self._roster.generation and \
             not self._closed
-        self._log_failure(slot, error, replacing)
+        delay = self._replacement_delay(slot) if replacing else 0.0
+        self._log_failure(slot, error, replacing, delay)
         slot.engine.kill()
         self._close_later([slot], 0.5)
         if replacing:
-            self._start_engine_later(slot.generation)
+            self._start_engine_later(slot.generation, delay)
+
+    def _replacement_delay(self, slot: Slot) -> float:
+        """How long the replacement of ``slot``, which failed, waits before
+        it starts: see :data:`YOUNG_FAILURE_RETRY_S`."""
+        with self._state_lock():
+            generation, young = self._young_failures
+            if generation != slot.generation:
+                young = 0
+            if slot.since is not None and _clock() - slot.since < YOUNG_ENGINE_S:
+                young += 1
+            else:
+                young = 0
+            self._young_failures = (slot.generation, young)
+        return young_failure_retry_s(young, self.size)
 
     def _put_in_service(self, engines: List[EngineProcess], generation: int,
                         replacing: bool = False, group: Optional[EngineGroup] = None) -> bool:
@@ -1108,6 +1160,7 @@ class PoolBase(ClientBase):
         # The parent's calls are the parent's: summed over the workers of a
         # preloaded service, they were counted once per worker.
         self._counters = _new_counters()
+        self._young_failures = (0, 0)
 
     def _release(self) -> None:
         if self._closed:

@@ -381,6 +381,33 @@ def test_a_killed_engine_is_replaced_and_training_is_refused(trained_model, trut
     run(main())
 
 
+def test_engines_that_keep_dying_young_are_replaced_with_a_back_off(trained_model, truth,
+                                                                    caplog):
+    """As for the thread pool: the replacements of engines that die as
+    soon as they are in service wait, up to a second, once more than the
+    pool's size died young in a row (before: hundreds in 2 s)."""
+    async def main():
+        async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),
+                                         size=2) as pool:
+            killed = set()
+            until = time.monotonic() + 2.0
+            with caplog.at_level(logging.WARNING, logger="subwabbit"):
+                while time.monotonic() < until:
+                    for pid in set(pool.engine_pids()) - killed:
+                        killed.add(pid)
+                        os.kill(pid, signal.SIGKILL)
+                    await asyncio.sleep(0.001)
+            assert len(killed) <= 20, len(killed)
+            assert "in a row): starting a replacement in 1 s" in caplog.text
+            until = time.monotonic() + 5.0
+            while pool.stats()["engines"] < 2 and time.monotonic() < until:
+                await asyncio.sleep(0.01)
+            assert pool.stats()["engines"] == 2
+            assert await pool.predict(common(1), items(3000)) == truth[trained_model][1]
+
+    run(main())
+
+
 def test_an_engine_that_died_idle_is_replaced_before_a_call_can_take_it(trained_model, truth):
     async def main():
         async with AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model),

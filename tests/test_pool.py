@@ -24,6 +24,7 @@ import weakref
 
 import pytest
 
+from subwabbit import pool_base
 from subwabbit import (AsyncVowpalWabbitPool, VowpalWabbitDummyFormatter, VowpalWabbitError,
                        VowpalWabbitPool, VowpalWabbitProtocolError, VowpalWabbitStartupError)
 from subwabbit.command import default_engine_command
@@ -412,6 +413,50 @@ def test_items_whose_length_fails_leave_no_call_counted(pool, trained_model, tru
     metrics = {}
     assert pool.predict(common(1), items(3000), metrics=metrics) == truth[trained_model][1]
     assert metrics["engines"] == 2
+
+
+def kill_every_engine_for(pool, seconds):
+    """Kill each engine of ``pool`` as soon as it is in service, for
+    ``seconds``, as an engine that dies on every example would die.
+
+    :returns: how many were killed
+    """
+    killed = set()
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        for pid in set(pool.engine_pids()) - killed:
+            killed.add(pid)
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+    return len(killed)
+
+
+def test_engines_that_keep_dying_young_are_replaced_with_a_back_off(trained_model, truth,
+                                                                    caplog, monkeypatch):
+    """Replacements of engines that keep dying right after they start wait
+    (up to a second) once more engines than the pool's size died young in
+    a row: before, they were forked as fast as the fork server could (about
+    400 in 2 s, two warnings each); the pool is back to its size within
+    a second of the last death, and exact."""
+    with VowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2) as pool:
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            killed = kill_every_engine_for(pool, 2.0)
+        assert killed <= 20, killed
+        assert len(caplog.records) <= 3 * killed
+        assert "in a row): starting a replacement in 1 s" in caplog.text
+        assert wait_until(lambda: pool.stats()["engines"] == 2, 5.0), pool.stats()
+        assert pool.predict(common(1), items(3000)) == truth[trained_model][1]
+        # An engine that dies after it served a while is replaced at once.
+        monkeypatch.setattr(pool_base, "YOUNG_ENGINE_S", 0.5)
+        time.sleep(0.5)
+        caplog.clear()
+        replaced = pool.stats()["engines_replaced"]
+        with caplog.at_level(logging.WARNING, logger="subwabbit"):
+            os.kill(pool.engine_pids()[0], signal.SIGKILL)
+            assert wait_until(lambda: pool.stats()["engines_replaced"] > replaced, 5.0)
+        assert "; starting a replacement\n" in caplog.text + "\n"
+        assert "starting a replacement in" not in caplog.text
+        assert wait_until(lambda: pool.stats()["engines"] == 2, 5.0)
 
 
 def test_a_killed_engine_is_replaced_and_calls_stay_exact(pool, trained_model, truth):

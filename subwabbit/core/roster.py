@@ -27,7 +27,8 @@ class Slot:
     :param generation: the model generation it serves
     """
 
-    __slots__ = ("engine", "channel", "generation", "held", "number", "close_on_return")
+    __slots__ = ("engine", "channel", "generation", "held", "number", "close_on_return",
+                 "since")
 
     def __init__(self, engine: Any, channel: Channel, generation: int, number: int) -> None:
         self.engine = engine
@@ -40,6 +41,8 @@ class Slot:
         #: the pool was closed while a call held it: that call closes it when
         #: it gives it back (its pipes are the call's until then)
         self.close_on_return = False
+        #: when it entered service (a clock value of the driver's; ``None``: not told)
+        self.since: Optional[float] = None
 
     def note_progress(self, now: float) -> None:
         """Called when a call gives the engine back: start or stop the clock
