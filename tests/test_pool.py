@@ -1082,9 +1082,19 @@ def test_a_reload_whose_fork_server_does_not_load_in_time_fails_within_its_timeo
         stopped = []
         reloading = threading.Event()
 
+        with open("/proc/self/cmdline", "rb") as handle:
+            ours = handle.read()
+
         def stop_new_servers():
             while reloading.is_set():
                 for pid in set(children_of_this_process()) - before - set(stopped):
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                            if handle.read() == ours:
+                                continue  # not yet the server: stopped before its exec,
+                                # it would hold this process in its fork (vfork) for good
+                    except OSError:
+                        continue
                     os.kill(pid, signal.SIGSTOP)
                     stopped.append(pid)
                 time.sleep(0.001)
