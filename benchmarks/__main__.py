@@ -57,7 +57,7 @@ from .contenders import (PYVW_METHODS, Contender, PyvwRunner, blocking_contender
                          nonblocking_contender, pool_contender, pyvw_contender)
 from .cpu import children_cpu_seconds, machine_busy_seconds, process_cpu_seconds
 from .engines import Engine, choose_engines, find_executable
-from .limit import FileRuns, file_predictions, per_request_rates
+from .limit import FileRuns, file_predictions, lines_within, per_request_rates
 from .pauses import machine_pauses
 from .report import engine_alone, engine_stdin, machine_info, summarize, write_outputs
 from .training import Training
@@ -481,7 +481,7 @@ class Benchmark:
         record["elapsed_s"] += time.perf_counter() - began
         ours = time.process_time() - cpu + children_cpu_seconds() - children
         record["other_cpu_s"] += machine_busy_seconds() - busy - ours
-        within = [min(len(lines), int(len(lines) * timeout / seconds))
+        within = [lines_within(len(lines), timeout, seconds)
                   for lines, seconds in zip(requests_lines[lead:], durations)]
         record["requests"] += sampled
         record["seconds"] += durations

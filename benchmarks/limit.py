@@ -157,6 +157,17 @@ class FileRuns:
         }
 
 
+def lines_within(count: int, timeout: float, seconds: float) -> int:
+    """Whole lines of a request of ``count`` lines that the engine finishes
+    within ``timeout``, at the ``seconds`` it took for all of them (all of
+    them when that time is 0: a request whose predictions all came in the
+    read that ended the one before it, as in a tiny run).
+    """
+    if seconds <= 0:
+        return count
+    return min(count, int(count * timeout / seconds))
+
+
 def per_request_rates(command: Sequence[str], args: Sequence[str],
                       requests_lines: Sequence[Sequence[str]], workdir: str,
                       poll_s: float = 0.002, warm_up: int = 1) -> List[float]:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from subwabbit import VowpalWabbitNonBlockingProcess, VowpalWabbitPool, VowpalWabbitProcess
 from subwabbit.pool_base import default_pool_size, smaps_rollup
 
-from .limit import engine_command, per_request_rates
+from .limit import engine_command, lines_within, per_request_rates
 from .report import nearest_rank
 from .turns import take_turns, train_model
 from .workload import RecommenderFormatter, Workload, prediction_args
@@ -84,7 +84,7 @@ def one_caller(workload: Workload, model: str, timeout: float,
             for request, items in workload.pairs(range(len(workload)))]
         durations = per_request_rates(engine_command(), args, lines, workdir)
     # whole lines, as a call returns them (and as the main benchmark counts them)
-    within = [min(len(items), int(len(items) * timeout / seconds)) if seconds > 0 else len(items)
+    within = [lines_within(len(items), timeout, seconds)
               for items, seconds in zip(lines[1:], durations)]
     results["engine alone"] = {"predictions": _quantiles(within)}
     return results
