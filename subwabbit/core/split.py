@@ -627,11 +627,17 @@ class SplitPredictExchange(Generic[Key]):
     def _next_hedge(self) -> Optional[float]:
         """When a batch becomes due again and a lane has room for it, if
         that can happen before the write cut-off (``None``: no hedge can
-        come without a pipe event)."""
-        if not (self._hedge and not self._cut_off and len(self.lanes) > 1):
+        come without a pipe event).
+
+        While new items are left none can: :meth:`wake_at` asks only when
+        no lane has room for a batch, and a lane with room is dealt at once
+        (a copy of the first batch comes with that deal, see :meth:`_deal`);
+        looking for one anyway cost every wait of a call about 15 us."""
+        if not (self._hedge and not self._items_left and not self._cut_off
+                and len(self.lanes) > 1):
             return None
         fits = [lane for lane, _ in self._fitting(self._dealt_lanes())]
-        dues = [due for _, _, due in self._hedges(fits, first_only=self._items_left)]
+        dues = [due for _, _, due in self._hedges(fits)]
         if not dues:
             return None
         # A wake in the past, or closer than an event loop can sleep, would
