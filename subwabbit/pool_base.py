@@ -590,15 +590,19 @@ class PoolBase(ClientBase):
         return usage
 
     def _log_failure(self, slot: Slot, error: BaseException, replacing: bool,
-                     delay: float = 0.0) -> None:
+                     delay: float = 0.0, young: int = 0) -> None:
+        """Log an engine's failure.
+
+        :param delay: how long its replacement waits (see :meth:`_replacement_delay`)
+        :param young: engines that failed young in a row, this one included
+        """
         if isinstance(error, VowpalWabbitError):
             slot.engine.add_context(error)
         if not replacing:
             then = ""
         elif delay:
             then = (f"; engines keep failing within {YOUNG_ENGINE_S:g} s of their start "
-                    f"({self._young_failures[1]} in a row): starting a replacement in "
-                    f"{delay:g} s")
+                    f"({young} in a row): starting a replacement in {delay:g} s")
         else:
             then = "; starting a replacement"
         # The text, not the error: its traceback holds the pool (see _start_failed).
@@ -1085,16 +1089,18 @@ class PoolBase(ClientBase):
         if it was in service for the current generation of an open pool."""
         replacing = replacing and slot.generation == self._roster.generation and \
             not self._closed
-        delay = self._replacement_delay(slot) if replacing else 0.0
-        self._log_failure(slot, error, replacing, delay)
+        delay, young = self._replacement_delay(slot) if replacing else (0.0, 0)
+        self._log_failure(slot, error, replacing, delay, young)
         slot.engine.kill()
         self._close_later([slot], 0.5)
         if replacing:
             self._start_engine_later(slot.generation, delay)
 
-    def _replacement_delay(self, slot: Slot) -> float:
+    def _replacement_delay(self, slot: Slot) -> "tuple[float, int]":
         """How long the replacement of ``slot``, which failed, waits before
-        it starts: see :data:`YOUNG_FAILURE_RETRY_S`."""
+        it starts (see :data:`YOUNG_FAILURE_RETRY_S`), and how many engines
+        have failed young in a row, ``slot``'s included (for the log message:
+        both are read under the state lock)."""
         with self._state_lock():
             generation, young = self._young_failures
             if generation != slot.generation:
@@ -1104,7 +1110,7 @@ class PoolBase(ClientBase):
             else:
                 young = 0
             self._young_failures = (slot.generation, young)
-        return young_failure_retry_s(young, self.size)
+        return young_failure_retry_s(young, self.size), young
 
     def _put_in_service(self, engines: List[EngineProcess], generation: int,
                         replacing: bool = False, group: Optional[EngineGroup] = None) -> bool:
