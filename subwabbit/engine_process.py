@@ -597,9 +597,14 @@ class EngineProcess:
         # Not our child: subprocess must never wait for it or signal it here.
         self.proc.returncode = 0
 
+    def _own_pipes(self) -> List[Any]:
+        """The pipes to the engine that this object alone closes: stdin, and
+        stdout unless a reader thread shares it (a write-only engine's: see
+        :meth:`_let_go_of_shared_streams`)."""
+        return [self.proc.stdin] if self._stdout else [self.proc.stdin, self.proc.stdout]
+
     def _close_pipes(self, deadline: Optional[float] = None) -> None:
-        # (a write-only engine's stdout is shared with its reader thread)
-        for stream in (self.proc.stdin,) if self._stdout else (self.proc.stdin, self.proc.stdout):
+        for stream in self._own_pipes():
             if stream is not None:
                 try:
                     stream.close()
@@ -800,9 +805,7 @@ class EngineProcess:
         if self._closed:
             return
         self._closed = True
-        # A write-only engine's stdout is shared with its reader thread, which ends at EOF.
-        streams = [self.proc.stdin] if self._stdout else [self.proc.stdin, self.proc.stdout]
-        for stream in streams:
+        for stream in self._own_pipes():
             try:
                 if stream is not None:
                     stream.close()
