@@ -32,29 +32,23 @@ from subwabbit.core.kinds import AdfKind
 from subwabbit.core.split import SplitPredictExchange
 from subwabbit.errors import VowpalWabbitProtocolError
 
+from test_core_split_fuzz import Engine as SplitFuzzEngine
+
 SINGLE = re.compile(rb"^(?:1 )?(?:\|c )?\|x (\d+)(?: a+)?$")
 ITEM = re.compile(rb"^\|x (\d+)(?: a+)?$")
 JUNK = b"junk"
 
 
-class Engine:
+class Engine(SplitFuzzEngine):
     """Reads like vw and answers each example with its items' numbers (a
     probe with ``-1``); takes bytes at random amounts, answers ``speed``
-    examples per tick (none while stalled), and is read in random pieces.
-    With ``garble``, an answer now and then is a line that is no prediction."""
+    examples per tick (none while stalled), and is read in random pieces
+    (:class:`test_core_split_fuzz.Engine`'s ``tick`` and ``read``). With
+    ``garble``, an answer now and then is a line that is no prediction."""
 
     def __init__(self, rng, per_line, multi_line, garble):
-        self.rng = rng
-        self.per_line = per_line
-        self.multi_line = multi_line
+        super().__init__(rng, per_line, multi_line)
         self.garble = garble
-        self.pending_in = b""
-        self.todo = []
-        self.out = b""
-        self.example = []
-        self.speed = rng.choice([1, 2, 5, 20])
-        self.stall_until = -1.0
-        self.dead = False
         #: whether it printed a line that is no prediction
         self.garbled = False
 
@@ -93,19 +87,6 @@ class Engine:
                 self._answer(b",".join(b"%d:%s" % pair for pair in enumerate(numbers)))
             self.example = []
         return take
-
-    def tick(self, now):
-        if self.dead or now < self.stall_until:
-            return
-        for _ in range(min(self.speed, len(self.todo))):
-            self.out += self.todo.pop(0)
-
-    def read(self):
-        if self.dead or not self.out:
-            return b""
-        take = self.rng.randint(0, len(self.out))
-        data, self.out = self.out[:take], self.out[take:]
-        return data
 
 
 class Time:
