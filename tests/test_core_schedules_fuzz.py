@@ -32,7 +32,7 @@ from subwabbit.core.kinds import AdfKind
 from subwabbit.core.split import SplitPredictExchange
 from subwabbit.errors import VowpalWabbitProtocolError
 
-from test_core_split_fuzz import Engine as SplitFuzzEngine
+from test_core_split_fuzz import Engine as SplitFuzzEngine, Formatter as SplitFuzzFormatter
 
 SINGLE = re.compile(rb"^(?:1 )?(?:\|c )?\|x (\d+)(?: a+)?$")
 ITEM = re.compile(rb"^\|x (\d+)(?: a+)?$")
@@ -99,18 +99,16 @@ class Time:
         return self.now
 
 
-class Formatter:
-    def __init__(self, time, cost, pad):
-        self.time, self.cost, self.pad = time, cost, pad
+class Formatter(SplitFuzzFormatter):
+    """test_core_split_fuzz's formatter, moving ``time`` by ``cost`` per item."""
 
-    def format_common_features(self, common_features, debug_info=None):
-        return "|c"
+    def __init__(self, time, cost, pad):
+        super().__init__(pad)
+        self.time, self.cost = time, cost
 
     def format_item_features(self, common_features, item_features, debug_info=None):
         self.time.now += self.cost
-        if self.pad:
-            return f"|x {item_features} " + "a" * (self.pad + item_features % 7)
-        return f"|x {item_features}"
+        return super().format_item_features(common_features, item_features, debug_info)
 
 
 def make_parse(per_line):
