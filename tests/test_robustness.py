@@ -664,18 +664,7 @@ def test_a_dropped_client_leaves_no_descriptor_to_the_garbage_collector(kind, tr
     pid = client.pids()[0]
     readers = [thread for thread in threading.enumerate() if f"vw{pid}-std" in thread.name]
     assert readers
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
-        client.model = None
-        gc.collect()
-        assert wait_until(lambda: proc_stat(pid) is None)
-        for thread in readers:
-            thread.join(10)
-        gc.collect()
-    if client.loop is not None:
-        client.loop.close()
-    assert [str(warning.message) for warning in caught
-            if issubclass(warning.category, ResourceWarning)] == \
+    assert _drop(client, pid, readers) == \
         [f"subwabbit: vw[{pid}] was not closed; call close() or use 'with'"]
 
 
@@ -688,19 +677,26 @@ def test_a_dropped_pool_leaves_no_socket_to_the_garbage_collector(kind, trained_
     client.predict(common(1), _items(20))
     server = client.model._groups[0].server.pid  # pylint: disable=protected-access
     threads = [thread for thread in threading.enumerate() if f"vw{server}-" in thread.name]
+    assert [message for message in _drop(client, server, threads)
+            if "was not closed" not in message] == []
+
+
+def _drop(client, pid, threads):
+    """Drop ``client``'s object without closing it, wait until the process
+    ``pid`` has ended and ``threads`` with it, and collect: the messages of
+    the ResourceWarnings given meanwhile."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         client.model = None
         gc.collect()
-        assert wait_until(lambda: proc_stat(server) is None)
+        assert wait_until(lambda: proc_stat(pid) is None)
         for thread in threads:
             thread.join(10)
         gc.collect()
     if client.loop is not None:
         client.loop.close()
-    assert [str(warning.message) for warning in caught
-            if issubclass(warning.category, ResourceWarning)
-            and "was not closed" not in str(warning.message)] == []
+    return [str(warning.message) for warning in caught
+            if issubclass(warning.category, ResourceWarning)]
 
 
 def test_processes_never_closed_do_not_hold_up_interpreter_exit(trained_model, tmp_path):
