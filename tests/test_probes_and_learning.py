@@ -283,27 +283,43 @@ def test_a_write_only_trainers_first_line_with_a_byte_order_mark_keeps_its_label
     assert_same_models(args, tmp_path / "online.vw", tmp_path / "file.vw", tmp_path)
 
 
+#: the arguments of a model of several passes (with the cache it needs, made anew)
+PASSES_ARGS = ["--passes", "3", "-k"]
+
+
+def _client_of_passes(client_kind, tmp_path):
+    """A client (``'write-only'``: a write-only blocking process) training a
+    model of several passes into ``tmp_path/online.vw``: the arguments, that
+    path and the client."""
+    online = tmp_path / "online.vw"
+    own = PASSES_ARGS + ["--cache_file", str(tmp_path / "online.cache"), "-f", str(online),
+                         "--quiet"]
+    if client_kind == "write-only":
+        return PASSES_ARGS, online, Client("blocking", FORMATTER, own, write_only=True)
+    return PASSES_ARGS, online, Client(client_kind, FORMATTER, own)
+
+
+def _assert_the_files_model(args, online, tmp_path):
+    """The model at ``online`` is the one vw trains with ``args`` on the
+    training lines read from a file."""
+    lines = [line for index in TRAIN for line in file_lines(args, index)]
+    engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
+                                    "-f", str(tmp_path / "file.vw")], tmp_path)
+    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
+
+
 @pytest.mark.parametrize("client_kind", ["write-only"] + ALL_KINDS)
 def test_a_model_of_several_passes_is_the_one_the_file_trains(client_kind, tmp_path):
     """With ``--passes`` above 1 vw caches every line it reads and learns
     from them again after its input ends, every 10th example held out: the
     start-up probe was cached as the first example, which shifted the
     held-out examples, and the model differed from vw's on the same lines."""
-    args = ["--passes", "3", "-k"]
-    online = tmp_path / "online.vw"
-    own = args + ["--cache_file", str(tmp_path / "online.cache"), "-f", str(online), "--quiet"]
-    if client_kind == "write-only":
-        client = Client("blocking", FORMATTER, own, write_only=True)
-    else:
-        client = Client(client_kind, FORMATTER, own)
+    args, online, client = _client_of_passes(client_kind, tmp_path)
     try:
         train_all(client, args)
     finally:
         client.close()
-    lines = [line for index in TRAIN for line in file_lines(args, index)]
-    engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
-                                    "-f", str(tmp_path / "file.vw")], tmp_path)
-    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
+    _assert_the_files_model(args, online, tmp_path)
 
 
 @pytest.mark.parametrize("client_kind", ["write-only", "blocking", "asyncio"])
@@ -313,13 +329,7 @@ def test_a_model_of_several_passes_refuses_save_and_keeps_its_training(client_ki
     the save had renamed it stayed beside the model) and counted the command
     among the examples it holds out from, so the model moved. save() is
     refused before anything is sent."""
-    args = ["--passes", "3", "-k"]
-    online = tmp_path / "online.vw"
-    own = args + ["--cache_file", str(tmp_path / "online.cache"), "-f", str(online), "--quiet"]
-    if client_kind == "write-only":
-        client = Client("blocking", FORMATTER, own, write_only=True)
-    else:
-        client = Client(client_kind, FORMATTER, own)
+    args, online, client = _client_of_passes(client_kind, tmp_path)
     saves = tmp_path / "saves"
     try:
         train_all(client, args, TRAIN[:20])
@@ -332,10 +342,7 @@ def test_a_model_of_several_passes_refuses_save_and_keeps_its_training(client_ki
     finally:
         client.close()
     assert not saves.exists() or not list(saves.iterdir())
-    lines = [line for index in TRAIN for line in file_lines(args, index)]
-    engine_from_file(lines, args + ["--cache_file", str(tmp_path / "file.cache"),
-                                    "-f", str(tmp_path / "file.vw")], tmp_path)
-    assert_same_models(args, online, tmp_path / "file.vw", tmp_path)
+    _assert_the_files_model(args, online, tmp_path)
 
 
 
