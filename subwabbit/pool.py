@@ -59,7 +59,10 @@ class VowpalWabbitPool(PoolBase):
     :param formatter: turns common and item features into VW lines
     :param vw_args: engine arguments, typically ``["-i", "model.vw", "-t", "--quiet"]``
     :param size: how many engines (default: the CPUs this process may use,
-        :func:`~subwabbit.cpus.usable_cpus`: its affinity, within its cgroup's CPU quota)
+        :func:`~subwabbit.cpus.usable_cpus`: its affinity, within its cgroup's CPU quota);
+        at most :func:`~subwabbit.pool_size.largest_pool_size` (1024, fewer when
+        ``ulimit -n`` leaves too few open files for the engines' pipes): more is
+        a :class:`ValueError` before any engine starts
     :param batch_size: items formatted and sent to one engine at a time
         (:data:`~subwabbit.pool_base.POOL_BATCH_SIZE`, twice a single process's)
     :param max_pending_lines: the most lines in flight per engine

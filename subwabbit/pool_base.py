@@ -34,6 +34,7 @@ from .unserved_engines import RetiringEngines
 from .errors import VowpalWabbitBusyError, VowpalWabbitError, VowpalWabbitProtocolError
 from .model_file import FileIdentity, model_file_path
 from .nonblocking import DEFAULT_BATCH_SIZE, check_deadline_settings
+from .pool_size import largest_pool_size, size_limit_reason
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, pump, stuck_engine_error,
                        torn_channel_error)
 
@@ -170,11 +171,17 @@ def default_pool_size() -> int:
 def check_pool_size(size: Optional[int]) -> int:
     """``size``, or the default when ``None``.
 
-    :raises ValueError: for anything but a positive int
+    :raises ValueError: for anything but a positive int, or more engines
+        than the process can run (:func:`~subwabbit.pool_size.largest_pool_size`),
+        before any engine starts
     """
     if size is None:
-        return default_pool_size()
-    return positive_int(size, "size", or_none=True)
+        return min(default_pool_size(), largest_pool_size())
+    number = positive_int(size, "size", or_none=True)
+    if number > largest_pool_size():
+        raise ValueError(f"size={number} is more engines than a pool may have here: "
+                         f"{size_limit_reason()}")
+    return number
 
 
 def lanes_wanted(remaining: Optional[int], share: int, held: int,

@@ -4,6 +4,7 @@ engine, the same on every client class."""
 import collections
 import os
 import pathlib
+import resource
 import signal
 import types
 import typing
@@ -12,7 +13,7 @@ import pytest
 
 from subwabbit import VowpalWabbitDummyFormatter, VowpalWabbitStartupError
 
-from conftest import (Client, DictFormatter, children_of_this_process, common, items,
+from conftest import (Client, DictFormatter, children_of_this_process, common, items, open_fds,
                       scoring_args, wait_until)
 
 #: Every client class, as :class:`conftest.Client` names them.
@@ -329,3 +330,34 @@ def test_options_with_which_vw_serves_nothing_are_refused_before_an_engine_start
     with pytest.raises(ValueError, match=rf"^vw_args must not contain '{vw_args[-1]}': vw would"):
         Client(kind, DictFormatter(), vw_args, **sized(kind))
     assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool"])
+def test_a_pool_larger_than_any_machine_runs_is_refused_before_an_engine_starts(kind):
+    """``size=10**6`` started engines on as many threads as it could, until
+    the process ran out of open files or the machine of processes, and
+    raised what failed first."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=r"^size=1025 is more engines than a pool may have "
+                                         r"here: .*MAX_POOL_SIZE = 1024"):
+        Client(kind, DictFormatter(), ["--quiet"], size=1025)
+    assert set(children_of_this_process()) <= before
+
+
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool"])
+def test_a_pool_the_open_files_limit_cannot_hold_is_refused_before_an_engine_starts(kind):
+    """A pool whose engines' pipes, twice over during a reload, do not fit
+    in ``ulimit -n`` failed half way with ``Too many open files``; it is
+    refused at construction, naming the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = open_fds() + 40
+    size = max(2, lowered // 4)  # more pipes than the 40 spare files hold
+    before = set(children_of_this_process())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        with pytest.raises(ValueError, match=rf"^size={size} is more engines than a pool may "
+                                             rf"have here: .*RLIMIT_NOFILE, ulimit -n: {lowered}"):
+            Client(kind, DictFormatter(), ["--quiet"], size=size)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert wait_until(lambda: set(children_of_this_process()) <= before)
