@@ -53,7 +53,8 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
         ``$SUBWABBIT_VW``, else ``vw`` on ``PATH``, else the engine of the
         ``vowpalwabbit`` wheel
     :param metrics_hook: called with each call's metrics dict when the call ends
-    :param startup_timeout_s: how long the engine may take to start (model loading included)
+    :param startup_timeout_s: how long the engine may take to start (model loading included);
+        positive (0 is a :class:`ValueError`)
     :param io_timeout_s: the longest the engine may leave a read or a write
         waiting; then the call raises :class:`~subwabbit.errors.VowpalWabbitTimeoutError`
         and the process counts as failed. ``None``: wait forever (subwabbit 2.x)

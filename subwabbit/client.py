@@ -223,6 +223,9 @@ class ClientBase:
         self.audit_mode = audit_mode
         self.metrics_hook = metrics_hook
         self.startup_timeout_s = required_seconds(startup_timeout_s, "startup_timeout_s")
+        if self.startup_timeout_s == 0:
+            raise ValueError("startup_timeout_s must be positive: no engine answers its start-up "
+                             f"probe in no time, got {startup_timeout_s!r}")
         self.io_timeout_s = validate_seconds(io_timeout_s, "io_timeout_s")
         if self.io_timeout_s == 0:
             raise ValueError("io_timeout_s must be positive, or None for no limit")

@@ -361,3 +361,15 @@ def test_a_pool_the_open_files_limit_cannot_hold_is_refused_before_an_engine_sta
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert wait_until(lambda: set(children_of_this_process()) <= before)
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("value", [0, 0.0, -0.0])
+def test_a_start_up_timeout_of_no_time_is_refused_before_an_engine_starts(kind, value):
+    """``startup_timeout_s=0`` started an engine and raised the start-up
+    error of an engine that did not answer its probe ("is the model
+    multi-line, or is it still loading?"), which misnames the cause."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=r"^startup_timeout_s must be positive"):
+        Client(kind, DictFormatter(), ["--quiet"], startup_timeout_s=value, **sized(kind))
+    assert wait_until(lambda: set(children_of_this_process()) <= before)
