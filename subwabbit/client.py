@@ -78,10 +78,15 @@ def check_formatter_and_batch_size(formatter: Any, batch_size: Any) -> int:
     """Check a client's ``formatter`` and ``batch_size`` arguments.
 
     :returns: ``batch_size`` as an int
-    :raises TypeError: for a formatter without the formatter methods
+    :raises TypeError: for a formatter class rather than an instance (its
+        methods would take the request's features for ``self``), or a
+        formatter without the formatter methods
     :raises ValueError: for a ``batch_size`` that is not a positive int
         (:func:`positive_int`)
     """
+    if isinstance(formatter, type):
+        raise TypeError(f"formatter must be a formatter object, not the class "
+                        f"{formatter.__name__}: pass {formatter.__name__}()")
     missing = [name for name in _FORMATTER_METHODS if not callable(getattr(formatter, name, None))]
     if missing:
         raise TypeError(f"formatter must have the methods {', '.join(_FORMATTER_METHODS)} "

@@ -373,3 +373,17 @@ def test_a_start_up_timeout_of_no_time_is_refused_before_an_engine_starts(kind, 
     with pytest.raises(ValueError, match=r"^startup_timeout_s must be positive"):
         Client(kind, DictFormatter(), ["--quiet"], startup_timeout_s=value, **sized(kind))
     assert wait_until(lambda: set(children_of_this_process()) <= before)
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("formatter", [VowpalWabbitDummyFormatter, DictFormatter])
+def test_a_formatter_class_instead_of_an_instance_is_refused_before_an_engine_starts(
+        kind, formatter):
+    """The class has the formatter methods, so it was taken; the first call
+    then passed the request's features as ``self`` and failed with
+    ``missing 1 required positional argument``."""
+    before = set(children_of_this_process())
+    with pytest.raises(TypeError, match=rf"^formatter must be a formatter object, not the class "
+                                        rf"{formatter.__name__}: pass {formatter.__name__}\(\)$"):
+        Client(kind, formatter, ["--quiet"], **sized(kind))
+    assert wait_until(lambda: set(children_of_this_process()) <= before)
