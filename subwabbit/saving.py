@@ -24,14 +24,37 @@ engine_logger = logging.getLogger("subwabbit.engine")
 SavePath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 
+def _check_command_path(target: str) -> None:
+    """Refuse a path that the one-line ``save_PATH|`` command cannot carry
+    to the engine as it is: a NUL byte (no file has it), whitespace (it
+    ends the tag there; a line break would end the line and make the rest
+    an example), ``|`` (it ends the tag), or an undecodable byte of a
+    ``bytes`` path (the command is UTF-8).
+
+    :raises ValueError: naming the path and what it cannot hold
+    """
+    if "\0" in target:
+        raise ValueError(f"cannot save the model to {target!r}: a path holds no NUL byte")
+    if any(ch.isspace() or ch == "|" for ch in target):
+        raise ValueError(f"vw cannot save to {target!r}: its save command takes no whitespace "
+                         "(spaces, tabs, line breaks) or '|' in the path")
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"vw cannot save to {target!r}: its save command takes only paths "
+                         "that are UTF-8 text") from None
+
+
 class ModelSave:
     """One save: the side file, the control line, and the final rename.
 
     :param path: where the model should end up, a ``str``, ``bytes`` or
         :class:`os.PathLike` path (parent directories are created)
     :raises TypeError: for anything else (``None``)
-    :raises ValueError: for a path the save command cannot carry (spaces,
-        ``|``), or an empty one
+    :raises ValueError: for a path the save command cannot carry (any
+        whitespace, line breaks included, ``|``, a NUL byte, or bytes that
+        are not UTF-8), or an empty one: found before any directory is
+        created or anything is sent
     :raises OSError: when the directory cannot be created, a file cannot be
         created in it, or the path is a directory: found here, before the
         engine is asked, because a save it cannot write ends the engine
@@ -43,6 +66,7 @@ class ModelSave:
         if not text:
             raise ValueError("the path to save the model to is empty")
         self.target = os.path.abspath(text)
+        _check_command_path(self.target)
         if os.path.isdir(self.target):
             raise IsADirectoryError(errno.EISDIR, "cannot save the model over a directory",
                                     self.target)
@@ -50,9 +74,6 @@ class ModelSave:
         os.makedirs(directory, exist_ok=True)
         self.side = os.path.join(directory,
                                  f".{os.path.basename(self.target)}.subwabbit-{uuid.uuid4().hex}")
-        if any(ch.isspace() or ch == "|" for ch in self.side):
-            raise ValueError(f"vw cannot save to {self.target!r}: its save command takes no "
-                             "spaces or '|' in the path")
         # The engine runs as this process's user, so a file it could not
         # create is one this process cannot create either.
         os.close(os.open(self.side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -158,6 +158,35 @@ def test_save_takes_a_path_not_its_repr_and_refuses_none_empty_and_directories(
         client.close()
 
 
+
+@pytest.mark.parametrize("kind", ["blocking", "nonblocking", "asyncio"])
+@pytest.mark.parametrize("name, refusal", [
+    ("m\0odel.vw", "a path holds no NUL byte"),
+    ("di\0r/model.vw", "a path holds no NUL byte"),
+    ("line\nbreak/model.vw", r"takes no whitespace \(spaces, tabs, line breaks\)"),
+    ("carriage\rreturn/model.vw", r"takes no whitespace \(spaces, tabs, line breaks\)"),
+    (b"bytes\xff/model.vw", "takes only paths that are UTF-8 text"),
+])
+def test_save_refuses_a_path_its_command_line_cannot_carry_before_writing_anything(
+        kind, name, refusal, trained_model, truth, tmp_path):
+    """A NUL byte raised the bare ``embedded null byte`` of ``os.makedirs``;
+    a line break in a directory's name created that directory before the
+    path was refused; a ``bytes`` path that is not UTF-8 raised
+    ``UnicodeEncodeError`` once a file had been created and removed beside
+    it. Each is refused, naming the path, before anything is written, and
+    the engine serves on."""
+    target = (bytes(tmp_path) + b"/" + name if isinstance(name, bytes)
+              else str(tmp_path / name))
+    client = Client(kind, DictFormatter(), scoring_args(trained_model))
+    try:
+        with pytest.raises(ValueError, match=refusal):
+            save(client, target)
+        assert list(tmp_path.iterdir()) == []
+        assert client.predict(common(3), items(200)) == truth[trained_model][3][:200]
+    finally:
+        client.close()
+
+
 def test_save_is_annotated_with_the_paths_it_takes():
     """``save`` takes ``str``, ``bytes`` and path-like paths (above), but its
     annotation said ``str``: the API reference showed ``save(path: str)``
