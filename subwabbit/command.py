@@ -35,6 +35,9 @@ _OWNED_OPTIONS = {
     "--help": "vw would print its help instead of serving",
     "--version": "vw would print its version instead of serving",
     "--dry_run": "vw would check its arguments and exit instead of serving",
+    # and those with which it ends while the client still serves
+    "--examples": "vw would exit after that many examples, and every call after them would "
+                  "find the engine gone",
 }
 
 VwArgs = Union[Sequence[Union[str, int, float, "os.PathLike[str]"]], str]
@@ -49,8 +52,9 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
         a shell would
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
-        ``--audit``, ...) or with which vw serves nothing (``--help``,
-        ``--version``, ``--dry_run``), or a token with a NUL byte (reductions subwabbit
+        ``--audit``, ...), with which vw serves nothing (``--help``,
+        ``--version``, ``--dry_run``) or stops serving (``--examples``), or a
+        token with a NUL byte (reductions subwabbit
         cannot serve are refused by :func:`~subwabbit.core.kinds.choose_kind`)
     :raises TypeError: for ``vw_args`` that are neither one string nor a
         sequence of tokens (``bytes``, whose items are ints, a dict, a set,

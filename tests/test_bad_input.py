@@ -416,3 +416,18 @@ def test_a_formatter_class_instead_of_an_instance_is_refused_before_an_engine_st
                                         rf"{formatter.__name__}: pass {formatter.__name__}\(\)$"):
         Client(kind, formatter, ["--quiet"], **sized(kind))
     assert wait_until(lambda: set(children_of_this_process()) <= before)
+
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_args", [["--quiet", "--examples", "3"], ["--examples=3"],
+                                     "--quiet --examples 3"])
+def test_an_example_limit_is_refused_before_an_engine_starts(kind, vw_args):
+    """With ``--examples 3`` the engine exited after three examples: the
+    call that sent the fourth raised ``the vw engine closed its output``,
+    and so did the calls after it."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=r"^vw_args must not contain '--examples(=3)?': vw would "
+                                         r"exit after that many examples"):
+        Client(kind, DictFormatter(), vw_args, **sized(kind))
+    assert set(children_of_this_process()) <= before
