@@ -53,8 +53,10 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
         ``--audit``, ...), with which vw serves nothing (``--help``,
-        ``--version``, ``--dry_run``) or stops serving (``--examples``), or a
-        token with a NUL byte (reductions subwabbit
+        ``--version``, ``--dry_run``) or stops serving (``--examples``), a
+        file option that writes to the engine's stdout (``--readable_model
+        /dev/stdout``, ``-r stdout``: :func:`names_stdout`), or a token with
+        a NUL byte (reductions subwabbit
         cannot serve are refused by :func:`~subwabbit.core.kinds.choose_kind`)
     :raises TypeError: for ``vw_args`` that are neither one string nor a
         sequence of tokens (``bytes``, whose items are ints, a dict, a set,
@@ -74,14 +76,45 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
         name = option_name(token)
         if name in _OWNED_OPTIONS:
             raise ValueError(f"vw_args must not contain {token!r}: {_OWNED_OPTIONS[name]}")
-        if name in ("-r", "--raw_predictions"):
-            value = token.split("=", 1)[1] if "=" in token else (
-                token[2:] if name == "-r" and len(token) > 2 else
-                (tokens[index + 1] if index + 1 < len(tokens) else ""))
-            if value in ("stdout", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
-                raise ValueError("vw_args must not send raw predictions to stdout: "
-                                 "subwabbit reads predictions from it")
+        if name is None:
+            continue
+        value = _option_value(tokens, index)
+        if name in ("-r", "--raw_predictions") and value == "stdout":
+            raise ValueError("vw_args must not send raw predictions to stdout: "
+                             "subwabbit reads predictions from it")
+        if names_stdout(value):
+            raise ValueError(f"vw_args must not have {name} write to {value!r}, the engine's "
+                             "stdout: subwabbit reads predictions from it, and anything else "
+                             "written there is taken for them or ends the engine")
     return tokens
+
+
+#: Paths through which a process writes to its own stdout.
+_STDOUT_PATH = re.compile(r"/dev/stdout|/dev/fd/1|/proc/(?:self|thread-self|\d+)/fd/1")
+
+
+def names_stdout(value: str) -> bool:
+    """Whether the file ``value`` is the engine's stdout (``/dev/stdout``,
+    ``/dev/fd/1``, ``/proc/self/fd/1``, also written with ``.``, ``..`` or
+    doubled slashes). The plain word ``stdout`` is a file of that name for
+    every option but ``-p`` and ``-r``."""
+    return bool(value) and _STDOUT_PATH.fullmatch(
+        "/" + os.path.normpath(value).lstrip("/") if value.startswith("/") else value) is not None
+
+
+def _option_value(tokens: Sequence[str], index: int) -> str:
+    """The value the option at ``tokens[index]`` may take: after its ``=``
+    (``--name=value``), the rest of a short option (``-fFILE``; ``-f=FILE``
+    is taken as ``FILE``), else the next token when that is no option
+    (``""`` when there is none)."""
+    token = tokens[index]
+    if token.startswith("--"):
+        if "=" in token:
+            return token.split("=", 1)[1]
+    elif len(token) > 2:
+        return token[3:] if token[2] == "=" else token[2:]
+    following = tokens[index + 1] if index + 1 < len(tokens) else ""
+    return following if option_name(following) is None else ""
 
 
 #: Options that give the engine a cache file, and those that make it a new one.

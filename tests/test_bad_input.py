@@ -4,6 +4,7 @@ engine, the same on every client class."""
 import collections
 import os
 import pathlib
+import re
 import resource
 import signal
 import types
@@ -429,5 +430,27 @@ def test_an_example_limit_is_refused_before_an_engine_starts(kind, vw_args):
     before = set(children_of_this_process())
     with pytest.raises(ValueError, match=r"^vw_args must not contain '--examples(=3)?': vw would "
                                          r"exit after that many examples"):
+        Client(kind, DictFormatter(), vw_args, **sized(kind))
+    assert set(children_of_this_process()) <= before
+
+
+
+@pytest.mark.parametrize("kind", EVERY_CLASS)
+@pytest.mark.parametrize("vw_args, option, path", [
+    (["--quiet", "--audit_regressor", "/dev/stdout"], "--audit_regressor", "/dev/stdout"),
+    (["--quiet", "--readable_model", "/dev/fd/1"], "--readable_model", "/dev/fd/1"),
+    (["--quiet", "--invert_hash=/proc/self/fd/1"], "--invert_hash", "/proc/self/fd/1"),
+    (["--quiet", "-f/dev/stdout"], "-f", "/dev/stdout"),
+    ("--quiet -r /dev/./stdout", "-r", "/dev/./stdout"),
+])
+def test_a_file_option_writing_to_the_engines_stdout_is_refused_before_an_engine_starts(
+        kind, vw_args, option, path):
+    """Only ``-r stdout`` was refused: ``--audit_regressor /dev/stdout``
+    wrote into the answers and the engine failed its start-up probe, and a
+    model or readable model sent to ``/dev/fd/1`` made ``close()`` raise
+    that the engine failed while shutting down."""
+    before = set(children_of_this_process())
+    with pytest.raises(ValueError, match=rf"^vw_args must not have {option} write to "
+                                         rf"'{re.escape(path)}', the engine's stdout"):
         Client(kind, DictFormatter(), vw_args, **sized(kind))
     assert set(children_of_this_process()) <= before

@@ -66,6 +66,11 @@ def test_normalize_vw_args_rejects(args):
     (["--audit"], r"audit_mode=True"),
     (["-r", "stdout"], r"raw predictions to stdout"),
     (["-q", "ui", "-f", "m\0"], r"vw_args\[3\] contains a NUL byte"),
+    (["--readable_model", "/dev/stdout"], r"must not have --readable_model write to '/dev/stdout'"),
+    (["--invert_hash", "//dev//stdout"], r"must not have --invert_hash write to '//dev//stdout'"),
+    (["--audit_regressor=/proc/thread-self/fd/1"], r"must not have --audit_regressor write"),
+    (["-f", "/proc/4242/fd/1"], r"must not have -f write to '/proc/4242/fd/1'"),
+    (["-r", "/tmp/../dev/fd/1"], r"must not have -r write to '/tmp/../dev/fd/1'"),
 ])
 def test_normalize_vw_args_error_messages(args, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -89,6 +94,9 @@ def test_normalize_vw_args_error_messages(args, pattern):
     (["--plt", "10", "--top_k", "3"], ["--plt", "10", "--top_k", "3"]),
     (["--audit_regressor", "/tmp/a.txt"], ["--audit_regressor", "/tmp/a.txt"]),
     (["--cb", "4"], ["--cb", "4"]),
+    (["-f", "stdout", "--readable_model", "/dev/fd/10"],
+     ["-f", "stdout", "--readable_model", "/dev/fd/10"]),
+    (["--invert_hash", "/tmp/stdout"], ["--invert_hash", "/tmp/stdout"]),
     (("-q", "ui"), ["-q", "ui"]),
     ([], []),
     ("", []),
