@@ -159,6 +159,20 @@ def _set_granted(waiter: "asyncio.Future[bool]") -> None:
         waiter.set_result(True)
 
 
+async def _finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> None:
+    """:func:`~subwabbit.transfer.finish_example` on the event loop: the
+    rest of a partly written example goes to the engine before its input
+    closes, by ``deadline`` at the latest."""
+    if channel.torn:
+        return
+    try:
+        while channel.unwritten_bytes and _clock() < deadline:
+            if not pump(engine, channel, deadline):
+                await asyncio.sleep(0.001)
+    except VowpalWabbitError:  # it ended: closing it reports why
+        pass
+
+
 class AsyncVowpalWabbitProcess(ClientBase):
     """A VW model served by a vw engine for asyncio code, with hard deadlines.
 
@@ -478,6 +492,11 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                    "engine", self)
                     engine.kill()
             self._abandon_channel("the process was closed")
+            if self._writes_final_model and self._channel is not None \
+                    and (held or not self._turn.busy):
+                # (a call cut off in the middle of a line, cancelled say: vw
+                # would learn the cut line into the model it saves)
+                await _finish_example(engine, self._channel, began + timeout / 4)
             await self._shut_down(engine, max(0.0, began + timeout - _clock()),
                                   final_model=self._writes_final_model)
         except (asyncio.CancelledError, GeneratorExit):

@@ -30,7 +30,8 @@ from .lines import audit_line, parse_scalar
 from .saving import ModelSave, SavePath
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
-from .transfer import ENGINE_FAILURES, stuck_engine_error, torn_channel_error
+from .transfer import (ENGINE_FAILURES, finish_example, stuck_engine_error,
+                       torn_channel_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -971,6 +972,10 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
+                if self._writes_final_model and self._channel is not None:
+                    # (a call cut off in the middle of a line: vw would learn
+                    # the cut line into the model it saves)
+                    finish_example(self._engine, self._channel, began + timeout / 4)
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)),
                                    final_model=self._writes_final_model)
             elif left is not None:

@@ -100,6 +100,33 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
     return moved
 
 
+def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> bool:
+    """Before an engine's input is closed: write the rest of the example a
+    call left partly written (interrupted in the middle of a line, say), so
+    that the engine does not take the cut line, at the end of its input, for
+    a whole example and learn it into the ``-f`` model it saves. What the
+    engine prints meanwhile is read and dropped (the channel was let go).
+
+    Nothing is written to a :attr:`~subwabbit.core.channel.Channel.torn`
+    channel, whose bytes are unknown.
+
+    :param deadline: a :func:`time.perf_counter` value: an engine that does
+        not take the bytes by then keeps the cut line
+    :returns: whether the engine was given every byte the channel held
+    """
+    if channel.torn:
+        return not channel.unwritten_bytes
+    try:
+        while channel.unwritten_bytes:
+            if not pump(engine, channel, deadline):
+                if _clock() >= deadline:
+                    return False
+                engine.wait(engine.prints_answers, True, deadline)
+    except VowpalWabbitError:  # it ended: closing it reports why
+        return False
+    return True
+
+
 #: How many probes the start-up check sends: with two, an engine that prints
 #: more or fewer lines per example than the model's kind shows it at once.
 STARTUP_PROBES = 2

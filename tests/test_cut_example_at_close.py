@@ -1,0 +1,74 @@
+"""A training call cut off in the middle of a line, then close(): the engine
+must not learn the cut line into the ``-f`` model it saves."""
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
+                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
+
+#: Every item line has the same 40 features: a model that learnt only whole
+#: lines gives f0 and f39 the same weight; a cut line updates f0, not f39.
+ITEM = "|i " + " ".join(f"f{k}" for k in range(40))
+
+
+class Interrupted(Exception):
+    """Raised by a timer's signal handler in the middle of a training call."""
+
+
+def _interrupt(*_: Any) -> None:
+    raise Interrupted()
+
+
+@pytest.mark.parametrize("cls, options", [(VowpalWabbitProcess, {"write_only": True}),
+                                          (VowpalWabbitProcess, {}),
+                                          (VowpalWabbitNonBlockingProcess, {})])
+def test_close_after_a_call_cut_mid_line_saves_no_cut_example(cls, options, tmp_path):
+    path = str(tmp_path / "model.vw")
+    model = cls(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path], **options)
+    line_bytes = len(f"1  {ITEM}\n")
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    # A stopped engine reads nothing: the call fills the pipe and waits, and
+    # the timer interrupts it with a line written in part.
+    os.kill(model.pid, signal.SIGSTOP)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(model.pid, signal.SIGCONT)
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % line_bytes, "the test needs a line cut in the middle"
+    model.close()
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
+
+
+def test_close_after_a_cancelled_async_call_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+
+    async def cut_call() -> None:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
+        await model.start()
+        os.kill(model.pid, signal.SIGSTOP)  # (see above)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
+        finally:
+            os.kill(model.pid, signal.SIGCONT)
+        written = model._channel.bytes_written  # pylint: disable=protected-access
+        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await model.close()
+
+    asyncio.run(cut_call())
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
