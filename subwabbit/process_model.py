@@ -663,6 +663,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 old = self._engine
                 if self._in_forked_child():
                     old = None  # the parent's: never touched here
+                # (the old engine's: reloaded() takes the new arguments')
+                old_channel = self._channel if self._writes_final_model else None
                 self._reloaded(plan)
                 self._abandon_channel("the process switched to a new engine (reload)")
                 self._adopt(engine)
@@ -675,7 +677,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._retiring.add([old])
             threading.Thread(target=_close_old_engine,
                              args=(old, min(timeout, _FAILED_ENGINE_CLOSE_S) if failed
-                                   else timeout),
+                                   else timeout, old_channel),
                              name="subwabbit-reload-close", daemon=True).start()
 
     def restart(self, timeout: float = 5.0) -> None:
@@ -1035,8 +1037,16 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             self._broken = None
 
 
-def _close_old_engine(engine: EngineProcess, timeout: float) -> None:
-    """Close an engine a reload replaced (on a thread of its own)."""
+def _close_old_engine(engine: EngineProcess, timeout: float,
+                      channel: Optional[Channel] = None) -> None:
+    """Close an engine a reload replaced (on a thread of its own).
+
+    :param channel: its channel, for an engine that saves a ``-f`` model: the
+        rest of an example a call left partly written is written first (see
+        :func:`~subwabbit.transfer.finish_example`)
+    """
+    if channel is not None:
+        finish_example(engine, channel, time.perf_counter() + timeout / 4)
     try:
         engine.close(timeout)
     except VowpalWabbitError as exc:

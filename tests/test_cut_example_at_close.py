@@ -72,3 +72,27 @@ def test_close_after_a_cancelled_async_call_saves_no_cut_example(tmp_path):
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
         first, last = check.predict("", ["|i f0", "|i f39"])
     assert first == last
+
+
+def test_reload_after_a_call_cut_mid_line_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path],
+                                write_only=True)
+    old_pid = model.pid
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(old_pid, signal.SIGSTOP)  # (see above)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(old_pid, signal.SIGCONT)
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    model.reload(["--quiet", "-f", str(tmp_path / "next.vw")])
+    model.close()  # (it waits for the replaced engine's close)
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
