@@ -43,7 +43,7 @@ class VowpalWabbitProcess(VowpalWabbitProcessModel):
     :param formatter: turns common and item features into VW lines
     :param vw_args: engine arguments, e.g. ``['-i', 'model.vw', '-t', '--quiet']``;
         ``-p``, ``-d``, ``--audit`` and ``--log_output`` are set by subwabbit
-        and rejected here
+        and rejected here (an ``-a``/``--audit`` is dropped with ``audit_mode=True``)
     :param batch_size: lines per write; see :data:`DEFAULT_BATCH_SIZE`
     :param write_only: the engine prints no predictions: fastest online
         training, but ``predict`` is unavailable

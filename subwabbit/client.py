@@ -114,16 +114,17 @@ def positive_int(value: Any, name: str, most: Optional[int] = None,
     return number
 
 
-def client_vw_args(vw_args: VwArgs) -> List[str]:
+def client_vw_args(vw_args: VwArgs, audit_mode: bool = False) -> List[str]:
     """``vw_args`` as a client's engine takes them, at construction and at
-    ``reload()``: normalised (:func:`~subwabbit.command.normalize_vw_args`),
+    ``reload()``: normalised (:func:`~subwabbit.command.normalize_vw_args`;
+    in audit mode without the ``-a``/``--audit`` that subwabbit adds itself),
     without a cache file that vw would read instead of stdin
     (:func:`~subwabbit.command.refuse_stale_cache`).
 
     :raises ValueError: for options a client cannot take
     :raises TypeError: for tokens that are not strings, paths or numbers
     """
-    tokens = normalize_vw_args(vw_args)
+    tokens = normalize_vw_args(vw_args, audit_mode)
     refuse_stale_cache(tokens)
     return tokens
 
@@ -212,7 +213,7 @@ class ClientBase:
         if metrics_hook is not None and not callable(metrics_hook):
             raise TypeError("metrics_hook must be callable")
         self.formatter = formatter
-        self.vw_args = client_vw_args(vw_args)
+        self.vw_args = client_vw_args(vw_args, audit_mode)
         #: the ``prediction_type`` argument as given (``None``: from ``vw_args``)
         self.prediction_type = prediction_type
         #: the kind of model served: how its examples are laid out, what
@@ -263,7 +264,7 @@ class ClientBase:
             ``predict`` returns: see :meth:`PredictionKind.serves_like
             <subwabbit.core.kinds.PredictionKind.serves_like>`)
         """
-        normalized = client_vw_args(vw_args)
+        normalized = client_vw_args(vw_args, self.audit_mode)
         kind, counts_lines, probes_teach = self._kind_for(normalized, self.audit_mode)
         if not kind.serves_like(self.prediction_kind):
             raise ValueError(f"reload() cannot change the kind of model or its classes: this "

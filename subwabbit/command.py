@@ -40,16 +40,22 @@ _OWNED_OPTIONS = {
                   "find the engine gone",
 }
 
+#: The tokens of vw's audit switch, which audit mode adds itself.
+_AUDIT_FLAGS = ("-a", "--audit")
+
 VwArgs = Union[Sequence[Union[str, int, float, "os.PathLike[str]"]], str]
 
 
-def normalize_vw_args(vw_args: VwArgs) -> List[str]:
+def normalize_vw_args(vw_args: VwArgs, audit_mode: bool = False) -> List[str]:
     """Check user-supplied engine arguments and return them as a list of strings.
 
     :param vw_args: a list of tokens (``['-q', 'ui', '--l2', 1e-6]``; a path
         such as a :class:`pathlib.Path`, and NumPy numbers, are taken as their
         text, as 2.x passed its list to the engine) or one string split like
         a shell would
+    :param audit_mode: the engine runs in audit mode: an ``-a``/``--audit``
+        token is then dropped (subwabbit adds it), as subwabbit 2.x took it
+        from vw_args with ``audit_mode=True``, instead of refused
     :returns: the arguments as strings
     :raises ValueError: for an option subwabbit controls itself (``-p``, ``-d``,
         ``--audit``, ...), with which vw serves nothing (``--help``,
@@ -70,6 +76,8 @@ def normalize_vw_args(vw_args: VwArgs) -> List[str]:
             raise TypeError("vw_args must be a list of engine arguments or one string, got "
                             f"{type(vw_args).__name__} {vw_args!r}")
         tokens = [_token_text(token) for token in vw_args]
+    if audit_mode:
+        tokens = [token for token in tokens if token not in _AUDIT_FLAGS]
     for index, token in enumerate(tokens):
         if "\0" in token:
             raise ValueError(f"vw_args[{index}] contains a NUL byte: {token!r}")

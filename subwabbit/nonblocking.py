@@ -85,7 +85,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
 
     :param formatter: turns common and item features into VW lines
     :param vw_args: engine arguments (``-p``, ``-d``, ``--audit`` and
-        ``--log_output`` are set by subwabbit and rejected here)
+        ``--log_output`` are set by subwabbit and rejected here; an
+        ``-a``/``--audit`` is dropped with ``audit_mode=True``)
     :param batch_size: the most lines formatted and written at a time
     :param audit_mode: run the engine with ``--audit`` for :meth:`explain_vw_line`
     :param max_pending_lines: the most lines in flight (sent, prediction not yet

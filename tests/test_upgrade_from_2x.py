@@ -330,3 +330,30 @@ def test_weights_given_as_text_are_taken_as_in_2x():
     finally:
         for model in models:
             model.close()
+
+
+@pytest.mark.parametrize("flag", ["-a", "--audit"])
+def test_an_audit_flag_in_vw_args_is_taken_with_audit_mode_as_in_2x(flag):
+    """2.x added ``-a`` to an audit-mode process's arguments unless they had
+    it already; ``vw_args=[..., '-a'], audit_mode=True`` raised "vw_args must
+    not contain '-a': pass audit_mode=True instead". Without audit_mode the
+    flag is still refused (vw's audit lines are not predictions)."""
+    import asyncio  # pylint: disable=import-outside-toplevel
+    from subwabbit import AsyncVowpalWabbitProcess  # pylint: disable=import-outside-toplevel
+    args = ["-q", "ui", "--quiet", "-t"]
+    with VowpalWabbitProcess(UserItemFormatter(), args, audit_mode=True) as model:
+        plain = model.explain_vw_line("|u u1 |i i2")
+    with VowpalWabbitProcess(UserItemFormatter(), args + [flag], audit_mode=True) as model:
+        assert flag not in model.vw_args and model.argv.count("--audit") == 1
+        assert model.explain_vw_line("|u u1 |i i2") == plain
+        model.reload(args + [flag])
+        assert model.explain_vw_line("|u u1 |i i2") == plain
+
+    async def explain():
+        async with AsyncVowpalWabbitProcess(UserItemFormatter(), [flag] + args,
+                                            audit_mode=True) as model:
+            return await model.explain_vw_line("|u u1 |i i2")
+    assert asyncio.run(explain()) == plain
+    for model_class in (VowpalWabbitProcess, VowpalWabbitNonBlockingProcess):
+        with pytest.raises(ValueError, match=f"must not contain '{flag}'"):
+            model_class(UserItemFormatter(), args + [flag])
