@@ -2,11 +2,13 @@
 
 from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
 
-from .base import Label, VowpalWabbitBaseFormatter
+# VowpalWabbitBaseModel and VowpalWabbitError: 2.x code imports them from here.
+from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel  # pylint: disable=unused-import
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook
 from .command import VwArgs
 from .core.exchanges import Pacing
 from .deadlines import validate_seconds
+from .errors import VowpalWabbitError  # pylint: disable=unused-import
 from .process_model import VowpalWabbitProcessModel
 
 #: Default lines per write. Measured with ``python -m benchmarks.batch_size``

@@ -4,13 +4,16 @@ import sys
 import warnings
 from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from .base import Label, VowpalWabbitBaseFormatter
+# VowpalWabbitBaseModel and VowpalWabbitError: 2.x code imports them from here.
+from .base import Label, VowpalWabbitBaseFormatter, VowpalWabbitBaseModel  # pylint: disable=unused-import
 from .client import DEFAULT_IO_TIMEOUT_S, MetricsHook, positive_int
 from .command import VwArgs
 from .core.exchanges import Pacing
 from .deadlines import validate_deadline, validate_seconds
 from .engine_process import EngineProcess
+from .errors import VowpalWabbitError  # pylint: disable=unused-import
 from .process_model import VowpalWabbitProcessModel
+
 
 #: Defaults of ``batch_size``, ``max_pending_lines`` and ``write_cutoff_s``,
 #: measured with ``python -m benchmarks.nonblocking_settings --requests 400``

@@ -357,3 +357,16 @@ def test_an_audit_flag_in_vw_args_is_taken_with_audit_mode_as_in_2x(flag):
     for model_class in (VowpalWabbitProcess, VowpalWabbitNonBlockingProcess):
         with pytest.raises(ValueError, match=f"must not contain '{flag}'"):
             model_class(UserItemFormatter(), args + [flag])
+
+
+def test_the_names_of_2x_modules_import_from_them():
+    """2.x's blocking and nonblocking modules held VowpalWabbitError,
+    VowpalWabbitBaseModel and VowpalWabbitBaseFormatter (imported from
+    subwabbit.base), and 2.x code imported them from there; they raised
+    ImportError."""
+    import subwabbit  # pylint: disable=import-outside-toplevel
+    import subwabbit.blocking  # pylint: disable=import-outside-toplevel
+    import subwabbit.nonblocking  # pylint: disable=import-outside-toplevel
+    for module in (subwabbit.blocking, subwabbit.nonblocking):
+        for name in ("VowpalWabbitError", "VowpalWabbitBaseModel", "VowpalWabbitBaseFormatter"):
+            assert getattr(module, name) is getattr(subwabbit, name), (module, name)
