@@ -100,9 +100,16 @@ def explain_features(explanation_string: str,
 
 class HtmlExplanation(str):
     """An HTML table that Jupyter renders (through ``_repr_html_``) without IPython
-    being a dependency; otherwise a plain string."""
+    being a dependency; otherwise a plain string. Its :attr:`data` holds the
+    HTML as that of the ``IPython.display.HTML`` object subwabbit 2.x returned
+    did."""
 
     def _repr_html_(self) -> str:
+        return str(self)
+
+    @property
+    def data(self) -> str:
+        """The HTML, as a plain ``str`` (2.x's ``IPython.display.HTML.data``)."""
         return str(self)
 
 

@@ -370,3 +370,13 @@ def test_the_names_of_2x_modules_import_from_them():
     for module in (subwabbit.blocking, subwabbit.nonblocking):
         for name in ("VowpalWabbitError", "VowpalWabbitBaseModel", "VowpalWabbitBaseFormatter"):
             assert getattr(module, name) is getattr(subwabbit, name), (module, name)
+
+
+def test_the_html_explanation_has_the_data_of_2x_ipython_object():
+    """2.x's get_human_readable_explanation_html returned an IPython HTML
+    object, whose ``data`` held the HTML (to save it to a file, say); the
+    str returned now had no ``data`` (AttributeError)."""
+    explanation = "\tu^u1:112063:1:0.1@2\ti^i7:106259:2:0.3@2\tu^u1*i^i7:3317:1:-0.25@2"
+    html = UserItemFormatter().get_human_readable_explanation_html(explanation, max_rows=2)
+    assert type(html.data) is str and html.data == str(html) == html._repr_html_()
+    assert html.data.count("<tr>") == 3 and "i7" in html.data
