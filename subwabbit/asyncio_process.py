@@ -579,7 +579,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if final_model and terminated:
             raise engine.final_model_lost(timeout)
 
-    async def _retire(self, engine: EngineProcess, timeout: float) -> None:
+    async def _retire(self, engine: EngineProcess, timeout: float,
+                      channel: Optional[Channel] = None) -> None:
         """:meth:`_shut_down` an engine that no call uses any more (the one
         :meth:`restart` or :meth:`reload` replaced). When that is cancelled
         (the restart's task, or the loop ending under a reload's background
@@ -587,12 +588,17 @@ class AsyncVowpalWabbitProcess(ClientBase):
         the engine is still stopped, reaped and its pipes closed within
         ``timeout``.
 
+        :param channel: its channel, for an engine that saves a ``-f`` model:
+            the rest of an example a call left partly written is written
+            first (see :func:`_finish_example`)
         :raises VowpalWabbitEngineExitedError: as :meth:`_shut_down`
         """
         loop = asyncio.get_running_loop()
         deadline = _clock() + timeout
         try:
-            await self._shut_down(engine, timeout)
+            if channel is not None:
+                await _finish_example(engine, channel, _clock() + timeout / 4)
+            await self._shut_down(engine, max(0.0, deadline - _clock()))
         except (asyncio.CancelledError, GeneratorExit):
             if not engine.closed:
                 hand_off_closing(loop, [engine], [], deadline)
@@ -1085,6 +1091,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 old = None if self._in_forked_child() else self._engine
                 failed = self._broken is not None or (self._channel is not None
                                                       and self._channel.torn)
+                # (the old engine's: reloaded() takes the new arguments')
+                old_channel = self._channel if self._writes_final_model else None
                 self._reloaded(plan)
                 restarts = self._restart_count
                 self._adopt(engine)
@@ -1096,7 +1104,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         if old is not None and not old.closed:
             self._retiring.add([old])
             task = asyncio.ensure_future(
-                self._retire(old, min(timeout, 0.5) if failed else timeout))
+                self._retire(old, min(timeout, 0.5) if failed else timeout, old_channel))
             task.add_done_callback(_log_close_failure)
             self._retire_tasks.add(task)
             task.add_done_callback(self._retire_tasks.discard)

@@ -96,3 +96,29 @@ def test_reload_after_a_call_cut_mid_line_saves_no_cut_example(tmp_path):
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
         first, last = check.predict("", ["|i f0", "|i f39"])
     assert first == last
+
+
+def test_async_reload_after_a_cancelled_call_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+
+    async def cut_call_then_reload() -> None:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
+        await model.start()
+        old_pid = model.pid
+        os.kill(old_pid, signal.SIGSTOP)  # (see above)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
+        finally:
+            os.kill(old_pid, signal.SIGCONT)
+        written = model._channel.bytes_written  # pylint: disable=protected-access
+        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await model.reload(["--quiet", "-f", str(tmp_path / "next.vw")])
+        await model.close()  # (it waits for the replaced engine's close)
+
+    asyncio.run(cut_call_then_reload())
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
+
