@@ -38,6 +38,7 @@ from .saving import ModelSave
 from .deadlines import required_seconds, validate_seconds
 from . import engine_process
 from .errors import VowpalWabbitError
+from .transfer import finish_example
 from .lines import (CheckedLines, breaks_no_line, check_labelled_lines, check_line_labels,
                     check_lines, common_part_holds_the_header, parts_add_no_label_words,
                     encode_example)
@@ -67,6 +68,11 @@ _CALL_ONLY_METRICS = ("prepare_time", "total_time", "cleanup_time",
 #: slow disk; 30 s is ``close()``'s own default. A stopped engine is never
 #: waited for.
 FINAL_MODEL_WAIT_S = 30.0
+
+#: How long a client dropped without ``close()`` may take to write the rest
+#: of an example that a cut call left partly written to an engine that
+#: writes a ``-f`` model (see :meth:`ClientBase._release`).
+FINISH_EXAMPLE_AT_RELEASE_S = 1.0
 
 #: How often, at most, a client logs that calls wait for one another.
 CONTENTION_LOG_INTERVAL_S = 60.0
@@ -619,11 +625,39 @@ class ClientBase:
 
     def _release(self) -> None:
         """Let go of an engine that was never closed (``__del__``, interpreter
-        exit) without blocking, except to let a ``-f`` model be written."""
+        exit) without blocking, except to let a ``-f`` model be written.
+
+        An engine that writes a ``-f`` model and was left with part of an
+        example (a train call cut off in the middle of a line) is first given
+        the rest of it, within :data:`FINISH_EXAMPLE_AT_RELEASE_S`; when that
+        cannot be done (the engine does not take it, the stream is torn, a
+        call is still under way on another thread at exit), the engine is
+        killed, so that it saves nothing rather than learn the cut line: a
+        model file from before stays as it was."""
         engine = getattr(self, "_engine", None)
         if engine is not None and not engine.closed and engine.owner_pid == os.getpid():
             writes_model = getattr(self, "_writes_final_model", False)
+            channel = getattr(self, "_channel", None)
+            if writes_model and channel is not None and not _input_ends_whole(engine, channel):
+                logger.warning("vw[%d] was dropped without close() with part of an example "
+                               "written: killed, it saves no -f model", engine.pid)
+                engine.kill()
+                writes_model = False
             engine.release(FINAL_MODEL_WAIT_S if writes_model else 0.0)
+
+
+def _input_ends_whole(engine: engine_process.EngineProcess, channel: Channel) -> bool:
+    """For :meth:`ClientBase._release`: whether the engine's input ends on
+    a whole line, once the rest of a partly written example, if any, is
+    written (:func:`~subwabbit.transfer.finish_example`). Nothing is written
+    on a torn channel, or one whose call is still under way (on another
+    thread, at interpreter exit): written there, the bytes would race it."""
+    if channel.torn:
+        return False
+    if channel.current is not None:
+        return not channel.unwritten_bytes
+    return finish_example(engine, channel,
+                          time.perf_counter() + FINISH_EXAMPLE_AT_RELEASE_S)
 
 
 # ---------------------------------------------------------------- fork safety

@@ -2,6 +2,7 @@
 must not learn the cut line into the ``-f`` model it saves."""
 
 import asyncio
+import gc
 import os
 import signal
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
-                       VowpalWabbitNonBlockingProcess, VowpalWabbitProcess)
+                       VowpalWabbitError, VowpalWabbitNonBlockingProcess,
+                       VowpalWabbitProcess)
 
 #: Every item line has the same 40 features: a model that learnt only whole
 #: lines gives f0 and f39 the same weight; a cut line updates f0, not f39.
@@ -121,4 +123,63 @@ def test_async_reload_after_a_cancelled_call_saves_no_cut_example(tmp_path):
     with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
         first, last = check.predict("", ["|i f0", "|i f39"])
     assert first == last
+
+
+def test_a_dropped_process_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path],
+                                write_only=True)
+    pid = model.pid
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(pid, signal.SIGSTOP)  # (see above)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(pid, signal.SIGCONT)
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    with pytest.warns(ResourceWarning):
+        del model  # never closed: it lets go of its engine, which saves its model
+        gc.collect()
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
+
+
+def _tear_next_write(model: Any) -> None:
+    """Make the model's next write give the engine part of a line and then
+    raise, as an interrupt landing after the system call and before the
+    channel counted the bytes would: the channel is left torn."""
+    engine = model._engine  # pylint: disable=protected-access
+    write_some = engine.write_some
+
+    def torn_write(data: Any, deadline: Any = None) -> int:
+        del engine.write_some
+        write_some(data[:len(ITEM) // 2], deadline)
+        raise Interrupted()
+
+    engine.write_some = torn_write
+
+
+def _train_torn(model: Any) -> None:
+    model.train("", [ITEM] * 3, [1] * 3, [None] * 3)  # whole lines, as the model had
+    _tear_next_write(model)
+    with pytest.raises(Interrupted):
+        model.train("", [ITEM] * 3, [1] * 3, [None] * 3)
+    assert model._channel.torn  # pylint: disable=protected-access
+
+
+def test_a_dropped_process_after_a_torn_write_saves_no_model(tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)])
+    _train_torn(model)
+    with pytest.warns(ResourceWarning):
+        del model  # never closed: its engine is killed, and saves nothing
+        gc.collect()
+    assert path.read_bytes() == b"the model saved before"
 
