@@ -33,7 +33,8 @@ from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT
                           check_deadline_settings)
 from .saving import ModelSave, SavePath
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
-                       pump, startup_probe, stuck_engine_error, torn_channel_error)
+                       pump, startup_probe, stuck_engine_error, torn_channel_error,
+                       unsaved_model_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -425,6 +426,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
         :raises VowpalWabbitEngineExitedError: when the engine exits with an
             error of its own that no earlier call reported
+        :raises VowpalWabbitProtocolError: when an engine started with ``-f``
+            was killed, unsaved, because a call was interrupted inside a write
+            to it (see :func:`~subwabbit.transfer.unsaved_model_error`)
         """
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
@@ -492,13 +496,21 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                    "engine", self)
                     engine.kill()
             self._abandon_channel("the process was closed")
+            torn = False
             if self._writes_final_model and self._channel is not None \
                     and (held or not self._turn.busy):
                 # (a call cut off in the middle of a line, cancelled say: vw
-                # would learn the cut line into the model it saves)
-                await _finish_example(engine, self._channel, began + timeout / 4)
+                # would learn the cut line into the model it saves; on a torn
+                # channel that line is unknown, and the engine must save nothing)
+                torn = self._channel.torn
+                if torn:
+                    engine.kill()
+                else:
+                    await _finish_example(engine, self._channel, began + timeout / 4)
             await self._shut_down(engine, max(0.0, began + timeout - _clock()),
                                   final_model=self._writes_final_model)
+            if torn:
+                raise unsaved_model_error(engine)
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled (the loop is shutting down), or dropped unfinished
             # with a closed loop (GeneratorExit). A call still on the engine
@@ -590,13 +602,19 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
         :param channel: its channel, for an engine that saves a ``-f`` model:
             the rest of an example a call left partly written is written
-            first (see :func:`_finish_example`)
+            first (see :func:`_finish_example`); on a torn channel the engine
+            is killed, and saves nothing
+            (:func:`~subwabbit.transfer.unsaved_model_error`)
         :raises VowpalWabbitEngineExitedError: as :meth:`_shut_down`
         """
         loop = asyncio.get_running_loop()
         deadline = _clock() + timeout
         try:
-            if channel is not None:
+            if channel is not None and channel.torn:
+                engine.kill()
+                logger.warning("the vw engine replaced by reload(): %s",
+                               unsaved_model_error(engine))
+            elif channel is not None:
                 await _finish_example(engine, channel, _clock() + timeout / 4)
             await self._shut_down(engine, max(0.0, deadline - _clock()))
         except (asyncio.CancelledError, GeneratorExit):

@@ -31,7 +31,7 @@ from .saving import ModelSave, SavePath
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
 from .transfer import (ENGINE_FAILURES, finish_example, stuck_engine_error,
-                       torn_channel_error)
+                       torn_channel_error, unsaved_model_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -937,6 +937,9 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :raises VowpalWabbitTimeoutError: when an engine started with
             ``-f``/``--final_regressor`` had to be terminated before it exited:
             its model is not written (pass a longer ``timeout``)
+        :raises VowpalWabbitProtocolError: when an engine started with ``-f``
+            was killed, unsaved, because a call was interrupted inside a write
+            to it (see :func:`~subwabbit.transfer.unsaved_model_error`)
         """
         timeout = required_seconds(timeout, "timeout")
         let_go_after_unhooked_fork()
@@ -974,12 +977,20 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
+                torn = False
                 if self._writes_final_model and self._channel is not None:
                     # (a call cut off in the middle of a line: vw would learn
-                    # the cut line into the model it saves)
-                    finish_example(self._engine, self._channel, began + timeout / 4)
+                    # the cut line into the model it saves; on a torn channel
+                    # that line is unknown, and the engine must save nothing)
+                    torn = self._channel.torn
+                    if torn:
+                        self._engine.kill()
+                    else:
+                        finish_example(self._engine, self._channel, began + timeout / 4)
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)),
                                    final_model=self._writes_final_model)
+                if torn:
+                    raise unsaved_model_error(self._engine)
             elif left is not None:
                 # An engine that had exited on its own before close() killed
                 # it: its failure is this close()'s to report, as it would be
@@ -1043,9 +1054,14 @@ def _close_old_engine(engine: EngineProcess, timeout: float,
 
     :param channel: its channel, for an engine that saves a ``-f`` model: the
         rest of an example a call left partly written is written first (see
-        :func:`~subwabbit.transfer.finish_example`)
+        :func:`~subwabbit.transfer.finish_example`); on a torn channel the
+        engine is killed, and saves nothing
+        (:func:`~subwabbit.transfer.unsaved_model_error`)
     """
-    if channel is not None:
+    if channel is not None and channel.torn:
+        engine.kill()
+        logger.warning("the vw engine replaced by reload(): %s", unsaved_model_error(engine))
+    elif channel is not None:
         finish_example(engine, channel, time.perf_counter() + timeout / 4)
     try:
         engine.close(timeout)

@@ -29,6 +29,18 @@ def torn_channel_error() -> VowpalWabbitProtocolError:
         "other call")
 
 
+def unsaved_model_error(engine: EngineProcess) -> VowpalWabbitProtocolError:
+    """The failure of closing an engine started with ``-f`` whose channel
+    is :attr:`~subwabbit.core.channel.Channel.torn`: a write was cut short,
+    so its input may end in a cut example, which it would learn into the
+    model it saves; it is killed instead, and saves nothing."""
+    return VowpalWabbitProtocolError(
+        "the vw engine's -f model was not saved: a call was interrupted while it wrote to the "
+        "engine, whose input may end in a cut example, so the engine was killed; a model file "
+        "from before was left as it was", argv=engine.argv, returncode=engine.proc.returncode,
+        stderr_tail=engine.stderr_tail())
+
+
 def stuck_engine_error(engine: EngineProcess, channel: Channel, idle_s: Optional[float],
                        argv: Any = None) -> Optional[VowpalWabbitError]:
     """Between calls: the failure of an engine that has owed answers and

@@ -183,3 +183,75 @@ def test_a_dropped_process_after_a_torn_write_saves_no_model(tmp_path):
         gc.collect()
     assert path.read_bytes() == b"the model saved before"
 
+
+@pytest.mark.parametrize("cls, options", [(VowpalWabbitProcess, {"write_only": True}),
+                                          (VowpalWabbitProcess, {}),
+                                          (VowpalWabbitNonBlockingProcess, {})])
+def test_close_after_a_torn_write_saves_no_model(cls, options, tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = cls(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)], **options)
+    pid = model.pid
+    _train_torn(model)
+    with pytest.raises(VowpalWabbitError, match="not saved"):
+        model.close()
+    assert path.read_bytes() == b"the model saved before"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped
+    model.close()  # closed: again, nothing happens
+
+
+def test_async_close_after_a_torn_write_saves_no_model(tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+
+    async def torn_then_close() -> None:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                         ["--quiet", "-f", str(path)])
+        await model.start()
+        await model.train("", [ITEM] * 3, [1] * 3, [None] * 3)
+        _tear_next_write(model)
+        with pytest.raises(Interrupted):
+            await model.train("", [ITEM] * 3, [1] * 3, [None] * 3)
+        assert model._channel.torn  # pylint: disable=protected-access
+        with pytest.raises(VowpalWabbitError, match="not saved"):
+            await model.close()
+        await model.close()
+
+    asyncio.run(torn_then_close())
+    assert path.read_bytes() == b"the model saved before"
+
+
+@pytest.mark.parametrize("cls", [VowpalWabbitProcess, VowpalWabbitNonBlockingProcess])
+def test_close_after_a_torn_write_of_a_predicting_engine_is_quiet(cls):
+    model = cls(VowpalWabbitDummyFormatter(), ["--quiet"])
+    _train_torn(model)
+    model.close()  # no model to lose: the engine closes as before
+
+
+def test_reload_after_a_torn_write_keeps_the_old_model_file(tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)])
+    _train_torn(model)
+    model.reload(["--quiet"])
+    model.close()  # (it waits for the replaced engine's close)
+    assert path.read_bytes() == b"the model saved before"
+
+
+def test_async_reload_after_a_torn_write_keeps_the_old_model_file(tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+
+    async def torn_then_reload() -> None:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                         ["--quiet", "-f", str(path)])
+        await model.start()
+        _tear_next_write(model)
+        with pytest.raises(Interrupted):
+            await model.train("", [ITEM] * 3, [1] * 3, [None] * 3)
+        await model.reload(["--quiet"])
+        await model.close()  # (it waits for the replaced engine's close)
+
+    asyncio.run(torn_then_reload())
+    assert path.read_bytes() == b"the model saved before"
