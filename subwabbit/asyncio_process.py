@@ -612,8 +612,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             if channel is not None and channel.torn:
                 engine.kill()
-                logger.warning("the vw engine replaced by reload(): %s",
-                               unsaved_model_error(engine))
+                logger.warning("the replaced vw engine: %s", unsaved_model_error(engine))
             elif channel is not None:
                 await _finish_example(engine, channel, _clock() + timeout / 4)
             await self._shut_down(engine, max(0.0, deadline - _clock()))
@@ -1146,11 +1145,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
         try:
             await self._cancel_start()
             self._abandon_channel("the process's engine was restarted")
+            old_channel = self._channel if self._writes_final_model else None
             old, self._engine, self._channel = self._engine, None, None
             if old is not None and not old.closed:
                 # A failed engine has nothing worth waiting for (as the sync classes).
                 try:
-                    await self._retire(old, min(timeout, 0.5) if self._broken else timeout)
+                    await self._retire(old, min(timeout, 0.5) if self._broken else timeout,
+                                       old_channel)
                 except VowpalWabbitError as exc:
                     logger.warning("the replaced vw engine failed: %s", exc)
             self._owner_pid = os.getpid()

@@ -589,16 +589,14 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         if self._replacement is not None:
             self._replacement.cancel(timeout)
             self._replacement = None
+        self._abandon_channel(f"the process's engine was restarted ({reason})")
         if old is not None and not old.closed:
             if self._broken is not None:
                 # A failed engine has nothing worth waiting for: it is dead, or
                 # stuck, or its output can no longer be trusted.
                 timeout = min(timeout, _FAILED_ENGINE_CLOSE_S)
-            try:
-                old.close(timeout)
-            except VowpalWabbitError as exc:
-                logger.warning("the replaced vw engine failed: %s", exc)
-        self._abandon_channel(f"the process's engine was restarted ({reason})")
+            _close_old_engine(old, timeout,
+                              self._channel if self._writes_final_model else None)
         self._engine = self._channel = None
         try:
             self._adopt(self._start_engine())
@@ -1050,7 +1048,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
 
 def _close_old_engine(engine: EngineProcess, timeout: float,
                       channel: Optional[Channel] = None) -> None:
-    """Close an engine a reload replaced (on a thread of its own).
+    """Close an engine that a reload (on a thread of its own) or a restart
+    replaced, logging its failure.
 
     :param channel: its channel, for an engine that saves a ``-f`` model: the
         rest of an example a call left partly written is written first (see
@@ -1060,10 +1059,10 @@ def _close_old_engine(engine: EngineProcess, timeout: float,
     """
     if channel is not None and channel.torn:
         engine.kill()
-        logger.warning("the vw engine replaced by reload(): %s", unsaved_model_error(engine))
+        logger.warning("the replaced vw engine: %s", unsaved_model_error(engine))
     elif channel is not None:
         finish_example(engine, channel, time.perf_counter() + timeout / 4)
     try:
         engine.close(timeout)
     except VowpalWabbitError as exc:
-        logger.warning("the vw engine replaced by reload() failed: %s", exc)
+        logger.warning("the replaced vw engine failed: %s", exc)

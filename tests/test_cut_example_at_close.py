@@ -255,3 +255,62 @@ def test_async_reload_after_a_torn_write_keeps_the_old_model_file(tmp_path):
 
     asyncio.run(torn_then_reload())
     assert path.read_bytes() == b"the model saved before"
+
+
+def test_restart_after_a_call_cut_mid_line_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
+    old_pid = model.pid
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(old_pid, signal.SIGSTOP)  # (see above)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(old_pid, signal.SIGCONT)
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    model.restart()  # the old engine saves its model as it closes
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    model.close()
+    assert first == last
+
+
+def test_async_restart_after_a_cancelled_call_saves_no_cut_example(tmp_path):
+    path = str(tmp_path / "model.vw")
+
+    async def cut_call_then_restart() -> None:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
+        await model.start()
+        old_pid = model.pid
+        os.kill(old_pid, signal.SIGSTOP)  # (see above)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
+        finally:
+            os.kill(old_pid, signal.SIGCONT)
+        written = model._channel.bytes_written  # pylint: disable=protected-access
+        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await model.restart()  # the old engine saves its model as it closes
+        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                 ["-i", path, "-t", "--quiet"]) as check:
+            first, last = check.predict("", ["|i f0", "|i f39"])
+        await model.close()
+        assert first == last
+
+    asyncio.run(cut_call_then_restart())
+
+
+def test_restart_after_a_torn_write_keeps_the_old_model_file(tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)])
+    _train_torn(model)
+    model.restart()
+    assert path.read_bytes() == b"the model saved before"
+    model.close()
