@@ -160,18 +160,25 @@ def _set_granted(waiter: "asyncio.Future[bool]") -> None:
         waiter.set_result(True)
 
 
-async def _finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> None:
+async def _finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> bool:
     """:func:`~subwabbit.transfer.finish_example` on the event loop: the
     rest of a partly written example goes to the engine before its input
-    closes, by ``deadline`` at the latest."""
-    if channel.torn:
-        return
+    closes, by ``deadline`` at the latest.
+
+    :returns: whether the engine's input ends on a whole line (else the
+        caller kills it, so that it saves nothing)
+    """
+    if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
+        return not channel.input_torn and not channel.unwritten_bytes
     try:
-        while channel.unwritten_bytes and _clock() < deadline:
+        while channel.unwritten_bytes:
+            if _clock() >= deadline:
+                return False
             if not pump(engine, channel, deadline):
                 await asyncio.sleep(0.001)
     except VowpalWabbitError:  # it ended: closing it reports why
-        pass
+        return False
+    return True
 
 
 class AsyncVowpalWabbitProcess(ClientBase):
@@ -496,20 +503,18 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                    "engine", self)
                     engine.kill()
             self._abandon_channel("the process was closed")
-            torn = False
-            if self._writes_final_model and self._channel is not None \
-                    and (held or not self._turn.busy):
-                # (a call cut off in the middle of a line, cancelled say: vw
-                # would learn the cut line into the model it saves; on a torn
-                # channel that line is unknown, and the engine must save nothing)
-                torn = self._channel.torn
-                if torn:
-                    engine.kill()
-                else:
-                    await _finish_example(engine, self._channel, began + timeout / 4)
+            # (a call cut off in the middle of a line, cancelled say: vw would
+            # learn the cut line into the model it saves; where its rest
+            # cannot be written, the engine must save nothing)
+            unsaved = (self._writes_final_model and self._channel is not None
+                       and (held or not self._turn.busy)
+                       and not await _finish_example(engine, self._channel,
+                                                     began + timeout / 4))
+            if unsaved:
+                engine.kill()
             await self._shut_down(engine, max(0.0, began + timeout - _clock()),
                                   final_model=self._writes_final_model)
-            if torn:
+            if unsaved:
                 raise unsaved_model_error(engine)
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled (the loop is shutting down), or dropped unfinished
@@ -602,19 +607,18 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
         :param channel: its channel, for an engine that saves a ``-f`` model:
             the rest of an example a call left partly written is written
-            first (see :func:`_finish_example`); on a torn channel the engine
-            is killed, and saves nothing
+            first (see :func:`_finish_example`); where it cannot be, the
+            engine is killed, and saves nothing
             (:func:`~subwabbit.transfer.unsaved_model_error`)
         :raises VowpalWabbitEngineExitedError: as :meth:`_shut_down`
         """
         loop = asyncio.get_running_loop()
         deadline = _clock() + timeout
         try:
-            if channel is not None and channel.torn:
+            if channel is not None and not await _finish_example(engine, channel,
+                                                                 _clock() + timeout / 4):
                 engine.kill()
                 logger.warning("the replaced vw engine: %s", unsaved_model_error(engine))
-            elif channel is not None:
-                await _finish_example(engine, channel, _clock() + timeout / 4)
             await self._shut_down(engine, max(0.0, deadline - _clock()))
         except (asyncio.CancelledError, GeneratorExit):
             if not engine.closed:

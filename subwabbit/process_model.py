@@ -975,19 +975,17 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if replacement is not None:
                 replacement.cancel(max(0.0, timeout / 4))
             if self._engine is not None and not leave_to_call:
-                torn = False
-                if self._writes_final_model and self._channel is not None:
-                    # (a call cut off in the middle of a line: vw would learn
-                    # the cut line into the model it saves; on a torn channel
-                    # that line is unknown, and the engine must save nothing)
-                    torn = self._channel.torn
-                    if torn:
-                        self._engine.kill()
-                    else:
-                        finish_example(self._engine, self._channel, began + timeout / 4)
+                # (a call cut off in the middle of a line: vw would learn the
+                # cut line into the model it saves; where its rest cannot be
+                # written, the engine must save nothing)
+                unsaved = (self._writes_final_model and self._channel is not None
+                           and not finish_example(self._engine, self._channel,
+                                                  began + timeout / 4))
+                if unsaved:
+                    self._engine.kill()
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)),
                                    final_model=self._writes_final_model)
-                if torn:
+                if unsaved:
                     raise unsaved_model_error(self._engine)
             elif left is not None:
                 # An engine that had exited on its own before close() killed
@@ -1053,15 +1051,14 @@ def _close_old_engine(engine: EngineProcess, timeout: float,
 
     :param channel: its channel, for an engine that saves a ``-f`` model: the
         rest of an example a call left partly written is written first (see
-        :func:`~subwabbit.transfer.finish_example`); on a torn channel the
+        :func:`~subwabbit.transfer.finish_example`); where it cannot be, the
         engine is killed, and saves nothing
         (:func:`~subwabbit.transfer.unsaved_model_error`)
     """
-    if channel is not None and channel.torn:
+    if channel is not None and not finish_example(engine, channel,
+                                                  time.perf_counter() + timeout / 4):
         engine.kill()
         logger.warning("the replaced vw engine: %s", unsaved_model_error(engine))
-    elif channel is not None:
-        finish_example(engine, channel, time.perf_counter() + timeout / 4)
     try:
         engine.close(timeout)
     except VowpalWabbitError as exc:

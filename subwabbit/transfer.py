@@ -30,15 +30,16 @@ def torn_channel_error() -> VowpalWabbitProtocolError:
 
 
 def unsaved_model_error(engine: EngineProcess) -> VowpalWabbitProtocolError:
-    """The failure of closing an engine started with ``-f`` whose channel
-    is :attr:`~subwabbit.core.channel.Channel.torn`: a write was cut short,
-    so its input may end in a cut example, which it would learn into the
-    model it saves; it is killed instead, and saves nothing."""
+    """The failure of closing an engine started with ``-f`` whose input
+    could not be made to end on a whole line (:func:`finish_example`: a
+    write was cut short, so its input may end in a cut example, which it
+    would learn into the model it saves, or the engine did not take the rest
+    of a cut example in time): it is killed instead, and saves nothing."""
     return VowpalWabbitProtocolError(
         "the vw engine's -f model was not saved: a call was interrupted while it wrote to the "
-        "engine, whose input may end in a cut example, so the engine was killed; a model file "
-        "from before was left as it was", argv=engine.argv, returncode=engine.proc.returncode,
-        stderr_tail=engine.stderr_tail())
+        "engine, whose input would have ended in a cut example, so the engine was killed; a "
+        "model file from before was left as it was", argv=engine.argv,
+        returncode=engine.proc.returncode, stderr_tail=engine.stderr_tail())
 
 
 def stuck_engine_error(engine: EngineProcess, channel: Channel, idle_s: Optional[float],
@@ -113,21 +114,26 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
 
 
 def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> bool:
-    """Before an engine's input is closed: write the rest of the example a
-    call left partly written (interrupted in the middle of a line, say), so
-    that the engine does not take the cut line, at the end of its input, for
-    a whole example and learn it into the ``-f`` model it saves. What the
-    engine prints meanwhile is read and dropped (the channel was let go).
+    """Before the input of an engine that saves a ``-f`` model is closed:
+    write the rest of the example a call left partly written (interrupted in
+    the middle of a line, say), so that the engine does not take the cut
+    line, at the end of its input, for a whole example and learn it into the
+    model it saves. What the engine prints meanwhile is read and dropped
+    (the channel was let go).
 
     Nothing is written to a :attr:`~subwabbit.core.channel.Channel.torn`
-    channel, whose bytes are unknown.
+    channel, whose bytes are unknown. When this returns ``False`` the caller
+    kills the engine, so that it saves nothing
+    (:func:`unsaved_model_error`).
 
     :param deadline: a :func:`time.perf_counter` value: an engine that does
-        not take the bytes by then keeps the cut line
-    :returns: whether the engine was given every byte the channel held
+        not take the bytes by then is not given them
+    :returns: whether the engine's input ends on a whole line: every byte
+        the channel held was written, and no write was cut short
+        (:attr:`~subwabbit.core.channel.Channel.input_torn`)
     """
-    if channel.torn:
-        return not channel.unwritten_bytes
+    if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
+        return not channel.input_torn and not channel.unwritten_bytes
     try:
         while channel.unwritten_bytes:
             if not pump(engine, channel, deadline):

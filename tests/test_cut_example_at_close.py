@@ -314,3 +314,61 @@ def test_restart_after_a_torn_write_keeps_the_old_model_file(tmp_path):
     model.restart()
     assert path.read_bytes() == b"the model saved before"
     model.close()
+
+
+def test_close_after_a_torn_read_saves_the_model(tmp_path):
+    # An interrupt between reading the engine's answers and handing them out
+    # tears the channel, but every byte written is known: the engine's input
+    # ends on a whole line, and its model is saved as usual.
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)])
+    model.train("", [ITEM] * 3, [1] * 3, [None] * 3)
+    engine = model._engine  # pylint: disable=protected-access
+    read_some = engine.read_some
+
+    def torn_read(deadline: Any = None) -> bytes:
+        data = read_some(deadline)
+        if data:
+            del engine.read_some
+            raise Interrupted()
+        return data
+
+    engine.read_some = torn_read
+    with pytest.raises(Interrupted):
+        list(model.predict("", ["|i f0"] * 3))
+    channel = model._channel  # pylint: disable=protected-access
+    assert channel.torn and not channel.input_torn
+    model.close()
+    assert path.read_bytes() != b"the model saved before"
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last != 0
+
+
+def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_model(tmp_path):
+    # The engine stays stopped: the rest of the cut line cannot be written
+    # by a quarter of close()'s timeout, so the engine is killed rather than
+    # left to learn the cut line, and close() says the model was not saved.
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)],
+                                write_only=True)
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(model.pid, signal.SIGSTOP)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert model._channel.bytes_written % len(f"1  {ITEM}\n")  # pylint: disable=protected-access
+        with pytest.raises(VowpalWabbitError, match="not saved"):
+            model.close(timeout=2.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        try:
+            os.kill(model.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert path.read_bytes() == b"the model saved before"

@@ -262,6 +262,18 @@ class Channel:
         #: changes of the channel under way: one that an exception cut short
         #: leaves it above 0 (see :attr:`torn`)
         self._changing = 0
+        #: a write under way: one that an exception cut short leaves it set
+        #: (see :attr:`input_torn`)
+        self._writing = False
+
+    @property
+    def input_torn(self) -> bool:
+        """Whether a write was cut short by an exception between the
+        driver's system call and the bookkeeping of what it wrote: which
+        bytes the engine was given is then unknown, and its input may end in
+        the middle of a line (a :attr:`torn` channel whose input is intact
+        was torn by a read)."""
+        return self._writing
 
     @property
     def torn(self) -> bool:
@@ -447,10 +459,12 @@ class Channel:
         if self._out_off >= len(self._out):
             return 0
         self._changing += 1  # from before the write: what it wrote must be counted
+        self._writing = True
         with memoryview(self._out) as whole, whole[self._out_off:] as view:
             written = write(view)
         if written:
             self._wrote(written)
+        self._writing = False
         self._changing -= 1
         return written
 
