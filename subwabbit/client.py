@@ -649,11 +649,10 @@ class ClientBase:
 def _input_ends_whole(engine: engine_process.EngineProcess, channel: Channel) -> bool:
     """For :meth:`ClientBase._release`: whether the engine's input ends on
     a whole line, once the rest of a partly written example, if any, is
-    written (:func:`~subwabbit.transfer.finish_example`). Nothing is written
-    on a torn channel, or one whose call is still under way (on another
-    thread, at interpreter exit): written there, the bytes would race it."""
-    if channel.torn:
-        return False
+    written (:func:`~subwabbit.transfer.finish_example`, which writes nothing
+    after a cut write). Nothing is written either on a channel whose call is
+    still under way (on another thread, at interpreter exit): written there,
+    the bytes would race it."""
     if channel.current is not None:
         return not channel.unwritten_bytes
     return finish_example(engine, channel,
