@@ -31,7 +31,8 @@ setup(
     install_requires=["vowpalwabbit>=9.0,<10"],
     extras_require={
         "test": ["pytest>=7", "numpy>=1.23", "pandas>=1.5", "fastapi>=0.100", "uvicorn>=0.23",
-                 "prometheus_client>=0.17", "dask[distributed]>=2023.1", "matplotlib>=3.6"],
+                 "gunicorn>=21", "prometheus_client>=0.17", "dask[distributed]>=2023.1",
+                 "matplotlib>=3.6"],
         "prometheus": ["prometheus_client>=0.17"],
         "service": ["fastapi>=0.100", "uvicorn>=0.23", "prometheus_client>=0.17"],
         # subwabbit.distributed: training on many workers with VW's AllReduce
