@@ -403,6 +403,98 @@ def test_a_failed_job_reports_what_each_node_was_doing_when_it_failed():
             task.sock.close()
 
 
+def formed_tree(rendezvous: Rendezvous, unique_id: int) -> List[FakeTask]:
+    """Two fake nodes whose shards were written and whose engines got the tree."""
+    tasks = [FakeTask(rendezvous, unique_id, node) for node in range(2)]
+    engines = [FakeEngine(rendezvous, unique_id, 2, node) for node in range(2)]
+    assert [engine.ok() for engine in engines] == [1, 1]
+    for task in tasks:
+        task.sock.sendall(b"F")
+    threads = [threading.Thread(target=engine.tree, args=(30000 + node,))
+               for node, engine in enumerate(engines)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert rendezvous.tree_formed_at is not None
+    return tasks
+
+
+PEER_LOST = ("the vw engine failed while shutting down\nengine exited with code 1\n"
+             "engine stderr: vw: recv from parent: Connection reset by peer")
+
+
+def test_a_node_that_lost_its_peer_does_not_take_the_blame_for_the_peers_death():
+    """Once the tree is formed, an engine that dies takes its neighbours'
+    engines with it (vw: "recv from parent: Connection reset by peer"); the
+    neighbour's report often came first, and the job's error named it, not
+    the node whose engine died."""
+    with Rendezvous(31, 2) as rendezvous:
+        tasks = formed_tree(rendezvous, 31)
+        tasks[0].sock.sendall(encode_message(FAILED, PEER_LOST))
+        time.sleep(0.2)
+        assert rendezvous.failure is None  # it waits for the cause
+        tasks[1].sock.sendall(encode_message(FAILED, "the vw engine failed while shutting "
+                                             "down\nengine was killed by SIGKILL"))
+        deadline = time.monotonic() + 5
+        while rendezvous.failure is None and time.monotonic() < deadline:
+            rendezvous.wait(0.05)
+        assert rendezvous.failure is not None and rendezvous.failure[0] == 1
+        assert "SIGKILL" in rendezvous.failure[1]
+        states = job_module._job_error(rendezvous).node_states  # pylint: disable=protected-access
+        assert states == ["node 0: failed", "node 1: failed"]
+        for task in tasks:
+            task.sock.close()
+
+
+def test_a_lost_peer_alone_fails_the_job_within_its_grace():
+    """The cause may never report (its worker froze): the node that lost its
+    peer then fails the job (via the job's own check of its task too)."""
+    with Rendezvous(32, 2) as rendezvous:
+        tasks = formed_tree(rendezvous, 32)
+        began = time.monotonic()
+        rendezvous.fail(0, PEER_LOST)  # as the job does for a task that raised
+        while rendezvous.failure is None and time.monotonic() - began < 10:
+            rendezvous.wait(0.05)
+        assert rendezvous.failure == (0, PEER_LOST)
+        assert time.monotonic() - began < 5
+        assert tasks[1].sock.recv(1) == b"A"
+        for task in tasks:
+            task.sock.close()
+
+
+def test_an_engine_killed_after_the_tree_formed_is_the_node_the_job_names(cluster2,
+                                                                          rendezvous_log):
+    """A real engine killed while the nodes run their passes over the tree."""
+    calls = make_calls(6000)
+    killed: List[int] = []
+
+    def kill_node_1_when_the_tree_is_formed():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                rendezvous_log and rendezvous_log[-1].tree_formed_at is not None):
+            time.sleep(0.001)
+        marker = b"--node\x001\x00"
+        for pid in engines_of_job(rendezvous_log[-1].unique_id):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if marker in handle.read():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+
+    killer = threading.Thread(target=kill_node_1_when_the_tree_is_formed, daemon=True)
+    killer.start()
+    began = time.monotonic()
+    with pytest.raises(DistributedTrainingError) as caught:
+        run_job(cluster2, split(calls, 2), VowpalWabbitDummyFormatter(),
+                ARGS + ["--passes", "40", "--holdout_off"], timeout_s=60)
+    killer.join(5)
+    assert killed, "the job ended before node 1's engine could be killed"
+    assert time.monotonic() - began < 20
+    assert caught.value.node == 1, str(caught.value)
+    assert "SIGKILL" in caught.value.reason
+    assert_nothing_left(rendezvous_log[-1], wait_s=5)
+
+
 def test_a_task_that_vanishes_fails_the_job():
     with Rendezvous(12, 2) as rendezvous:
         tasks = [FakeTask(rendezvous, 12, node) for node in range(2)]

@@ -41,7 +41,10 @@ input ended early (its worker died mid-shard) is never averaged with the
 others. A node that fails, a task whose connection drops without a word, or
 an engine that leaves before the tree is formed aborts the job: every task
 is told to stop its engine at once (vw's own AllReduce would wait forever
-for a missing peer).
+for a missing peer). Once the tree is formed, a node whose engine failed
+because a peer went away (:data:`PEER_LOSS_MARKERS`) waits a moment
+(:data:`PEER_LOSS_GRACE_S`) for that peer's own failure, which the job then
+reports.
 """
 
 import dataclasses
@@ -75,8 +78,22 @@ _SEND_TIMEOUT_S = 5.0
 #: carries the engine's exit status and last words) before it aborts the job.
 ENGINE_LOSS_GRACE_S = 1.0
 _MAX_MESSAGE = 1 << 20
+#: What vw's AllReduce says when a peer it sums with went away: a node that
+#: fails so once the tree is formed did not cause the failure, its peer did.
+PEER_LOSS_MARKERS = ("recv from parent", "recv from child", "Write to parent failed",
+                     "child has no data to send")
+#: How long such a failure waits for the failure of the peer that caused it
+#: (its task says why: the engine's exit status, its last words) before it
+#: aborts the job itself.
+PEER_LOSS_GRACE_S = 1.0
 
 FED, DONE, FAILED, STOPPED, ABORT = b"F", b"D", b"E", b"S", b"A"
+
+
+def lost_a_peer(message: str) -> bool:
+    """Whether a node's failure is vw's AllReduce losing a peer (see
+    :data:`PEER_LOSS_MARKERS`)."""
+    return any(marker in message for marker in PEER_LOSS_MARKERS)
 
 
 def encode_message(kind: bytes, text: str) -> bytes:
@@ -199,6 +216,7 @@ class Rendezvous:
         self._layout = chain_layout(total) if reproducible else tree_layout(total)
         self._reproducible = reproducible
         self._engine_lost: Optional[Tuple[float, int, str]] = None
+        self._peer_lost: Optional[Tuple[float, int, str]] = None
         self._aborted = False
         self._stopping = False
         self._changed = threading.Condition(threading.Lock())
@@ -277,7 +295,7 @@ class Rendezvous:
         out of time) and abort the job: every connected task is told to stop
         its engine. The first failure is the one that stays."""
         with self._changed:
-            self._record_failure(node, message)
+            self._node_failed(node, message)
         self._wake()
 
     def close(self, abort: bool = True) -> None:
@@ -289,6 +307,7 @@ class Rendezvous:
         if self._stopping:
             return
         with self._changed:
+            self._record_peer_loss()
             if abort and not self._is_finished():
                 self._record_failure(None, "the job was stopped")
             self._stopping = True
@@ -325,8 +344,11 @@ class Rendezvous:
         try:
             while not self._stopping:
                 timeout = None
-                if self._engine_lost is not None:
-                    timeout = max(0.0, self._engine_lost[0] - time.monotonic())
+                with self._changed:
+                    waits = [lost[0] for lost in (self._engine_lost, self._peer_lost)
+                             if lost is not None]
+                if waits:
+                    timeout = max(0.0, min(waits) - time.monotonic())
                 for key, _ in self._selector.select(timeout):
                     if key.data == "listener":
                         self._accept()
@@ -335,6 +357,9 @@ class Rendezvous:
                     else:
                         self._read(key.data)
                 self._check_engine_loss()
+                with self._changed:
+                    if self._peer_lost is not None and time.monotonic() >= self._peer_lost[0]:
+                        self._record_peer_loss()
                 self._broadcast_abort_once()
             self._broadcast_abort_once()  # a failure recorded with the request to stop
         except Exception:  # pylint: disable=broad-except
@@ -543,7 +568,7 @@ class Rendezvous:
                 del connection.buffer[:used]
                 connection.finished = True
                 with self._changed:
-                    self._record_failure(connection.node, text)
+                    self._node_failed(connection.node, text)
                 continue
             del connection.buffer[:1]
             with self._changed:
@@ -613,12 +638,39 @@ class Rendezvous:
         node, message = self.failure
         return message if node is None else f"node {node}: {message}"
 
+    def _node_failed(self, node: Optional[int], message: str) -> None:
+        """Record a node's failure (the caller holds the lock); one that is
+        vw's AllReduce losing a peer after the tree was formed waits up to
+        :data:`PEER_LOSS_GRACE_S` for that peer's own failure, which then
+        stays as the job's: the node whose engine died is named, not its
+        neighbour that could no longer sum with it."""
+        if node is None or self.failure is not None or self.tree_formed_at is None \
+                or not lost_a_peer(message):
+            self._record_failure(node, message)
+            return
+        if self.nodes[node].failure is None:
+            self.nodes[node].failure = message
+        if self._peer_lost is None:
+            self._peer_lost = (time.monotonic() + PEER_LOSS_GRACE_S, node, message)
+            logger.info("AllReduce job %d: node %d lost a peer; waiting %.1f s for the peer's "
+                        "own failure: %s", self.unique_id, node, PEER_LOSS_GRACE_S, message)
+        self._changed.notify_all()
+
+    def _record_peer_loss(self) -> None:
+        """Record the failure held by :meth:`_node_failed`, if any (the
+        caller holds the lock); a no-op once another failure was recorded."""
+        if self._peer_lost is not None:
+            _, node, message = self._peer_lost
+            self._peer_lost = None
+            self._record_failure(node, message)
+
     def _record_failure(self, node: Optional[int], message: str) -> None:
         """Keep the first failure (the caller holds the lock)."""
         if node is not None and self.nodes[node].failure is None:
             self.nodes[node].failure = message
         if self.failure is None:
             self.failure = (node, message)
+            self._peer_lost = None  # (the failure it waited for, or itself)
             self.states_at_failure = [dataclasses.replace(state) for state in self.nodes]
             logger.warning("AllReduce job %d failed: %s", self.unique_id, self._failure_text())
         self._changed.notify_all()
