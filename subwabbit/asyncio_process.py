@@ -857,8 +857,9 @@ class AsyncVowpalWabbitProcess(ClientBase):
 
         :param common_features: passed to ``format_common_features``
         :param items_features: one entry per item
-        :param timeout: seconds; ``None``: no limit (then ``io_timeout_s`` of
-            silence raises :class:`~subwabbit.errors.VowpalWabbitTimeoutError`)
+        :param timeout: seconds; ``None``: no limit (``io_timeout_s`` of
+            silence raises :class:`~subwabbit.errors.VowpalWabbitTimeoutError`,
+            with or without a deadline, unless the deadline comes first)
         :param debug_info: passed to every formatter call
         :param metrics: as :meth:`VowpalWabbitNonBlockingProcess.predict
             <subwabbit.nonblocking.VowpalWabbitNonBlockingProcess.predict>`

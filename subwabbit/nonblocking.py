@@ -103,10 +103,11 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         it should cover the engine's time for ``max_pending_lines`` lines
     :param metrics_hook: called with each call's metrics dict when the call ends
     :param startup_timeout_s: how long the engine may take to start
-    :param io_timeout_s: for calls without a deadline (``train``, ``save``,
-        ``predict(timeout=None)``, ``cleanup(None)``): the longest the engine
-        may stay silent before :class:`~subwabbit.errors.VowpalWabbitTimeoutError`;
-        ``None``: wait forever. Calls with a deadline return by it instead
+    :param io_timeout_s: the longest the engine may stay silent while it owes
+        a call answers (``train``, ``save``, ``predict``, ``cleanup``) before
+        :class:`~subwabbit.errors.VowpalWabbitTimeoutError`; ``None``: wait
+        forever. A call with a nearer deadline returns by it instead (a
+        ``save`` with a timeout: by its timeout only)
     :param restart_on_crash: after the engine fails, start a fresh one in the
         background at once; a call never waits for it past its deadline (it
         returns ``[]`` until the new engine answers its probe), and it is
@@ -234,8 +235,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
             all the items' predictions or none
         :raises ValueError: when a formatted line is not exactly one example
         :raises VowpalWabbitEngineExitedError: when the engine dies (within the
-            deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError` only
-            without a deadline, after ``io_timeout_s`` of silence
+            deadline); :class:`~subwabbit.errors.VowpalWabbitTimeoutError`
+            after ``io_timeout_s`` of silence, unless the deadline comes first
         """
         return super().predict(common_features, items_features, timeout, debug_info,
                                metrics, detailed_metrics)

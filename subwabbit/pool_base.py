@@ -303,7 +303,7 @@ class PoolBase(ClientBase):
             items=items_features, debug_info=debug_info, kind=self.prediction_kind,
             batch_size=self.batch_size, max_in_flight_lines=self.max_pending_lines,
             deadline=deadline, write_cutoff_s=self.write_cutoff_s,
-            idle_s=self.io_timeout_s if deadline is None else None,
+            idle_s=self.io_timeout_s,
             clock=_clock, format_s_per_item=self._format_s_per_item)
 
     def _prepare_pool_metrics(self, metrics: Optional[Dict[str, Any]]

@@ -277,7 +277,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         """An engine that has owed answers and printed nothing for
         ``io_timeout_s`` has failed (:func:`~subwabbit.transfer.stuck_engine_error`):
         the call restarts it or raises, as after a crash (counted in its
-        metrics). Calls with deadlines return before ``io_timeout_s`` passes,
+        metrics). Calls with deadlines nearer than ``io_timeout_s`` return by them,
         so without this a stopped engine made every one of them return
         nothing, for good. Asked only by the thread that holds the process."""
         engine, channel = self._engine, self._channel

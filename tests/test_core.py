@@ -497,7 +497,10 @@ def test_soft_deadline_stops_formatting_but_waits_for_what_was_sent():
     assert exchange.done and not exchange.timed_out
 
 
-def test_idle_timeout_applies_only_without_a_hard_deadline():
+def test_idle_timeout_applies_to_a_predict_call_before_its_deadline_too():
+    """A call with a hard deadline further off than ``idle_s`` waited for
+    its deadline on an engine that never answered: the idle limit held only
+    without one. A deadline nearer than ``idle_s`` still ends the call first."""
     channel = Channel()
     exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
                         idle_s=1.0)
@@ -509,6 +512,25 @@ def test_idle_timeout_applies_only_without_a_hard_deadline():
     channel = Channel()
     exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
                         deadline=5.0, idle_s=1.0)
+    exchange.step(0.0)
+    exchange.step(0.5)
+    assert exchange.wake_at() == 1.0  # the idle limit comes before the deadline
+    with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 1 s"):
+        exchange.step(4.0)
+    channel = Channel()
+    exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
+                        deadline=0.5, idle_s=1.0)
+    exchange.step(0.0)
+    assert exchange.wake_at() == 0.5
+    assert exchange.step(0.5) == [] and exchange.timed_out
+
+
+def test_a_save_with_a_deadline_is_bounded_by_its_deadline_not_the_idle_limit():
+    """An engine writing its model prints nothing for as long as that takes:
+    a save with a timeout waits for it, whatever ``idle_s``."""
+    channel = Channel()
+    exchange = ProbeExchange(channel, channel.begin(keep=False), 5.0, 1.0,
+                             control=b"save_/m|\n")
     exchange.step(0.0)
     exchange.step(4.0)  # no idle error: the deadline bounds the call
     assert exchange.step(5.0) == [] and exchange.timed_out

@@ -1053,6 +1053,48 @@ def test_a_stopped_engine_fails_a_call_with_no_limit_after_io_timeout_s(trained_
         assert len(raised) == 1 and isinstance(raised[0], VowpalWabbitTimeoutError)
 
 
+@pytest.mark.parametrize("kind,kwargs", [
+    ("blocking", {}), ("blocking", {"max_lateness_s": 5.0}), ("nonblocking", {}),
+    ("asyncio", {}), ("pool", {"size": 1}), ("asyncio-pool", {"size": 1})],
+    ids=["blocking", "blocking-max_lateness", "nonblocking", "asyncio", "pool", "asyncio-pool"])
+def test_a_stopped_engine_fails_a_call_with_a_long_deadline_after_io_timeout_s(
+        kind, kwargs, trained_model, truth):
+    """``io_timeout_s`` held only for calls that ended at no deadline: a
+    call whose deadline was further off (8 s here) waited for it in full on
+    a stopped engine and returned nothing (nonblocking, asyncio, the pools,
+    and the blocking class with ``max_lateness_s``). Now an engine that owes
+    answers and shows no progress for ``io_timeout_s`` has failed whatever
+    the deadline: a process raises VowpalWabbitTimeoutError, a pool serves
+    the call with a replacement."""
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), io_timeout_s=0.5,
+                    **kwargs)
+    try:
+        client.predict(common(1), _items(10))
+        stopped = client.pids()[0]
+        os.kill(stopped, signal.SIGSTOP)
+        metrics = {}
+        began = time.perf_counter()
+        try:
+            if "pool" in kind:
+                got = client.predict(common(1), _items(3000), timeout=8.0, metrics=metrics)
+            else:
+                with pytest.raises(VowpalWabbitTimeoutError, match="io_timeout_s"):
+                    client.predict(common(1), _items(3000), timeout=8.0, metrics=metrics)
+            took = time.perf_counter() - began
+        finally:
+            _resume(stopped)
+        assert took < 0.5 + 2.0, took  # generous: 2 shared cores
+        assert metrics["engine_failures"] == 1
+        if "pool" in kind:
+            assert got == truth[trained_model][1]
+            assert stopped not in client.pids()
+        else:
+            with pytest.raises(VowpalWabbitError, match="failed earlier"):
+                client.predict(common(1), _items(10), timeout=8.0)
+    finally:
+        client.close()
+
+
 def _calls_on_a_stopped_engine(cls, model_path, restart):
     """Calls with a 10 ms deadline, 20 ms apart for up to 5 s, on a process
     whose engine is stopped (``SIGSTOP``) after a first call: each call's

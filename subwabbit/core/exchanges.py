@@ -15,7 +15,8 @@ its end. A driver runs every exchange the same way::
 :meth:`Exchange.step` is the only place where the time limits are applied: a
 call's deadline (hard: return by it; soft: stop formatting new items at it)
 and ``io_timeout_s`` (how long the engine may stay silent while a call waits
-without a hard deadline). The driver never decides when a call is over.
+for it: without a deadline that ends the call, or before it for the calls
+whose :attr:`Exchange.idle_before_deadline` is true). The driver never decides when a call is over.
 """
 
 import itertools
@@ -85,12 +86,17 @@ class Exchange:
     :param call: the call, begun on ``channel``
     :param deadline: the call's deadline (a clock value), or ``None``
     :param idle_s: how long the engine may show no progress while the call
-        waits without a hard deadline; ``None``: no limit
+        waits (see :attr:`idle_before_deadline`); ``None``: no limit
     :param hard_deadline: whether the call ends at ``deadline`` whatever is in flight
     """
 
     #: what the call waits for, for the idle error message
     doing = "waiting for its answers"
+    #: whether ``idle_s`` applies before a deadline that ends the call too:
+    #: an engine that owes answers and shows no progress for ``idle_s`` is
+    #: stuck however long the call may still wait (a save, whose engine is
+    #: silent while it writes the file, is bounded by its timeout only)
+    idle_before_deadline = False
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
                  idle_s: Optional[float], hard_deadline: bool = True,
@@ -131,7 +137,7 @@ class Exchange:
 
         :returns: results ready for the caller (predictions, for ``predict``)
         :raises VowpalWabbitTimeoutError: when the engine showed no progress for
-            ``idle_s`` while the call waited without a hard deadline
+            ``idle_s`` while the call waited (see :attr:`idle_before_deadline`)
         :raises VowpalWabbitError: when the call was superseded by another
         """
         if self.done:
@@ -148,7 +154,7 @@ class Exchange:
         return results
 
     def _idle_applies(self) -> bool:
-        return self.idle_s is not None and self.end_at is None
+        return self.idle_s is not None and (self.end_at is None or self.idle_before_deadline)
 
     def _check_idle(self, now: float) -> None:
         if not self._idle_applies():
@@ -216,6 +222,7 @@ class PredictExchange(Exchange):
     """
 
     doing = "waiting for its predictions"
+    idle_before_deadline = True
 
     def __init__(self, channel: Channel, call: Call, *, formatter: Any, common_part: str,
                  common_features: Any, items: Iterable[Any], debug_info: Any, parse: Parser,
@@ -818,6 +825,7 @@ class CleanupExchange(Exchange):
     """Wait until earlier calls' leftovers are all answered (and discarded)."""
 
     doing = "clearing earlier calls' leftovers"
+    idle_before_deadline = True
 
     def __init__(self, channel: Channel, call: Call, deadline: Optional[float],
                  idle_s: Optional[float]) -> None:
