@@ -582,9 +582,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
         deadline = _clock() + timeout
         terminate_at, kill_at = shutdown_schedule(deadline, timeout)
         engine.close_input()
-        await self._await_exit(engine, terminate_at, drain=True)
+        await self._await_exit(engine, terminate_at, drain=True, unless_stopped=True)
         terminated = engine.returncode is None
-        if terminated:
+        stopped = terminated and engine.stayed_stopped(_clock())
+        if stopped:
+            logger.warning("vw[%d] is stopped (SIGSTOP, a debugger) and cannot finish; "
+                           "killing it", engine.pid)
+        elif terminated:
             logger.warning("vw[%d] did not exit after its input was closed; terminating",
                            engine.pid)
             engine.terminate()
@@ -594,7 +598,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
             await self._await_exit(engine, deadline)
         engine.close(max(0.0, deadline - _clock()))
         if final_model and terminated:
-            raise engine.final_model_lost(timeout)
+            raise engine.final_model_lost(timeout, stopped)
 
     async def _retire(self, engine: EngineProcess, timeout: float,
                       channel: Optional[Channel] = None) -> None:
@@ -649,10 +653,16 @@ class AsyncVowpalWabbitProcess(ClientBase):
             raise engine.exited_at_startup(output, read_s=0.1) from exc
 
     @staticmethod
-    async def _await_exit(engine: EngineProcess, until: float, drain: bool = False) -> None:
-        """Poll for the engine's exit until ``until``, yielding to the loop."""
+    async def _await_exit(engine: EngineProcess, until: float, drain: bool = False,
+                          unless_stopped: bool = False) -> None:
+        """Poll for the engine's exit until ``until``, yielding to the loop
+        (``unless_stopped``: no longer once the engine has stayed stopped,
+        see :meth:`EngineProcess.stayed_stopped
+        <subwabbit.engine_process.EngineProcess.stayed_stopped>`)."""
         delay = 0.001
         while engine.returncode is None and _clock() < until:
+            if unless_stopped and engine.stayed_stopped(_clock()):
+                return
             if drain:
                 drain = engine.discard_output()
             await asyncio.sleep(min(delay, max(0.0, until - _clock())))

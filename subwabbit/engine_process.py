@@ -56,6 +56,13 @@ _EXIT_STATUS_WAIT_S = 1.0
 #: How long :meth:`EngineProcess.abort` waits for a killed engine to be reaped.
 ABORT_WAIT_S = 5.0
 
+#: How long a closing engine may stay stopped (SIGSTOP, a debugger) before
+#: it is killed: a stopped engine never reads the end of its input, and
+#: waiting for it took most of ``close()``'s timeout.
+STOPPED_GRACE_S = 0.2
+#: How often a closing engine's state is looked at while close() waits.
+_STOPPED_POLL_S = 0.05
+
 
 class _SharedStream:
     """A stream that a reader thread and the engine's owner both use: it is
@@ -315,6 +322,8 @@ class EngineProcess:
         self._abandoned = False
         self._killed_by_us = False
         self._failure_reported = False
+        #: when the engine was first seen stopped, and is still (see stayed_stopped)
+        self._stopped_since: Optional[float] = None
         if proc is not None:
             # Started elsewhere (a fork server's child): a Popen-like object
             # with pid, stdin, stdout, stderr, returncode, poll, wait, kill,
@@ -623,16 +632,73 @@ class EngineProcess:
             self._stdout.let_go("owner")
         self._stderr.let_go("owner")
 
-    def final_model_lost(self, timeout_s: float) -> VowpalWabbitTimeoutError:
+    def final_model_lost(self, timeout_s: float, stopped: bool = False
+                         ) -> VowpalWabbitTimeoutError:
         """The error of a close that had to terminate an engine started with
         ``-f``: its model is not written, or not completely. (subwabbit 2.x
         raised ``subprocess.TimeoutExpired`` there: returning would pass off
-        a missing, or an older, model file as written.)"""
-        return VowpalWabbitTimeoutError(
-            f"the vw engine did not finish within close()'s timeout of {timeout_s:g} s "
-            "and was terminated: its -f model was not written (or not completely); "
-            "pass close() a longer timeout", argv=self.argv, returncode=self.proc.returncode,
-            stderr_tail=self.stderr_tail())
+        a missing, or an older, model file as written.)
+
+        :param stopped: the engine was killed because it stayed stopped
+            (:meth:`stayed_stopped`), not for want of time
+        """
+        if stopped:
+            message = ("the vw engine was stopped (SIGSTOP, a debugger) when close() ran "
+                       "and was killed: its -f model was not written (or not completely)")
+        else:
+            message = (f"the vw engine did not finish within close()'s timeout of "
+                       f"{timeout_s:g} s and was terminated: its -f model was not written "
+                       "(or not completely); pass close() a longer timeout")
+        return VowpalWabbitTimeoutError(message, argv=self.argv,
+                                        returncode=self.proc.returncode,
+                                        stderr_tail=self.stderr_tail())
+
+    def stayed_stopped(self, now: float) -> bool:
+        """Whether the engine has been stopped (SIGSTOP, a debugger) for
+        :data:`STOPPED_GRACE_S` by ``now``, as seen by the calls of this
+        method: the first call that finds it stopped starts the count. A
+        stopped engine cannot finish, so a close kills it then."""
+        if _process_state(self.pid) not in ("T", "t"):
+            self._stopped_since = None
+            return False
+        if self._stopped_since is None:
+            self._stopped_since = now
+        return now - self._stopped_since >= STOPPED_GRACE_S
+
+    def _drain_stdout(self, until: float) -> bool:
+        """Read and drop what the engine prints until ``until``.
+
+        :returns: ``False`` once stdout is at its end (or failed)
+        """
+        try:
+            while time.perf_counter() < until and wait_for_fds(self.stdout_fd, None, until):
+                if not os.read(self.stdout_fd, _READ_CHUNK):
+                    return False
+        except OSError:
+            return False
+        return True
+
+    def _exit_unless_stopped(self, until: float) -> "tuple[Optional[int], bool]":
+        """Wait until ``until`` for the engine to exit, discarding what it
+        prints (unless a reader thread does), and give up early once it has
+        stayed stopped (:meth:`stayed_stopped`).
+
+        :returns: the exit status (``None``: it still runs), and whether it
+            is stopped
+        """
+        drain = self._stdout_thread is None
+        while True:
+            step_end = min(until, time.perf_counter() + _STOPPED_POLL_S)
+            if drain:
+                drain = self._drain_stdout(step_end)
+            code = self._wait_until(step_end)
+            if code is not None:
+                return code, False
+            now = time.perf_counter()
+            if self.stayed_stopped(now):
+                return None, True
+            if now >= until:
+                return None, False
 
     def close(self, timeout_s: float = 30.0, *, final_model: bool = False) -> Optional[int]:
         """Close stdin so that the engine finishes (and writes ``-f`` models),
@@ -641,10 +707,13 @@ class EngineProcess:
         Returns within ``timeout_s``: an engine still running when most of it
         has passed gets SIGTERM, and SIGKILL shortly before the end (a second
         and a fifth of a second before, at most half and a quarter of
-        ``timeout_s``).
+        ``timeout_s``). An engine that stays stopped (SIGSTOP, a debugger)
+        for :data:`STOPPED_GRACE_S` meanwhile cannot finish: it gets SIGKILL
+        then.
 
         :param final_model: the engine writes a ``-f`` model as it exits: an
-            engine that has to be terminated has not written it, which raises
+            engine that has to be terminated (or killed) has not written it,
+            which raises
         :returns: the exit status (``None`` if even SIGKILL did not end the
             engine in time; a background thread then reaps it)
         :raises VowpalWabbitEngineExitedError: when the engine exits with a
@@ -664,22 +733,21 @@ class EngineProcess:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:
             pass
-        if self._stdout_thread is None:
-            try:
-                while wait_for_fds(self.stdout_fd, None, terminate_at):
-                    if not os.read(self.stdout_fd, _READ_CHUNK):
-                        break
-            except OSError:
-                pass
-        code = self._wait_until(terminate_at)
+        code, stopped = self._exit_unless_stopped(terminate_at)
         terminate_sent = code is None
-        if terminate_sent:
+        if stopped:
+            self._killed_by_us = True
+            logger.warning("vw[%d] is stopped (SIGSTOP, a debugger) and cannot finish; "
+                           "killing it", self.pid)
+            self.proc.kill()
+            code = self._wait_until(deadline)
+        elif terminate_sent:
             self._killed_by_us = True
             logger.warning("vw[%d] did not exit within %.1f s of closing its input; terminating",
                            self.pid, timeout_s - term_margin)
             self.proc.terminate()
             code = self._wait_until(kill_at)
-        if code is None:
+        if code is None and not stopped:
             logger.warning("vw[%d] ignored SIGTERM; killing it", self.pid)
             self.proc.kill()
             code = self._wait_until(deadline)
@@ -691,7 +759,7 @@ class EngineProcess:
             self._stdout_thread.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._close_pipes(deadline)
         if final_model and terminate_sent:
-            raise self.final_model_lost(timeout_s)
+            raise self.final_model_lost(timeout_s, stopped)
         if code is None:
             return None
         logger.info("vw[%d] %s", self.pid, describe_returncode(code))

@@ -436,6 +436,64 @@ def test_close_of_a_stopped_engine_returns_within_its_timeout(cls, trained_model
     assert engine_pid not in children_of_this_process()
 
 
+def _close_with(client, timeout):
+    """``client.close(timeout)`` (a :class:`Client`), on its loop for an asyncio one."""
+    if client.loop is not None:
+        try:
+            client.loop.run_until_complete(client.model.close(timeout))
+        finally:
+            client.loop.close()
+    else:
+        client.model.close(timeout)
+
+
+@pytest.mark.parametrize("kind,kwargs", [
+    ("blocking", {}), ("blocking", {"write_only": True}), ("nonblocking", {}),
+    ("asyncio", {}), ("pool", {"size": 2}), ("asyncio-pool", {"size": 2})],
+    ids=["blocking", "write_only", "nonblocking", "asyncio", "pool", "asyncio-pool"])
+@pytest.mark.parametrize("owing", [False, True], ids=["idle", "owing"])
+def test_close_kills_a_stopped_engine_after_a_short_grace(kind, kwargs, owing, trained_model):
+    """A stopped engine never reads the end of its input: close(timeout=5)
+    waited for it until SIGTERM and SIGKILL, 4.8 s, whichever the class
+    (but the asyncio pool). An engine that stays stopped is killed after
+    STOPPED_GRACE_S."""
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), io_timeout_s=0.5,
+                    **kwargs)
+    pids = client.pids()
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        if owing and not kwargs.get("write_only"):
+            try:  # the engines are left owing the answers of this call
+                client.predict(common(1), _items(3000), timeout=0.010)
+            except VowpalWabbitTimeoutError:
+                assert kind == "blocking"  # (it waits for what it sent)
+        began = time.perf_counter()
+        _close_with(client, 5.0)
+        took = time.perf_counter() - began
+    finally:
+        for pid in pids:
+            _resume(pid)
+    assert took < 2.0, took  # generous: 2 shared cores; the grace is 0.2 s
+    for pid in pids:
+        assert wait_until(lambda: proc_stat(pid) is None or proc_stat(pid)[0] == "Z", 5.0)
+
+
+def test_close_of_a_stopped_engine_that_writes_a_model_says_it_was_not_written(tmp_path):
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                ["--quiet", "-f", str(tmp_path / "final.vw")], write_only=True)
+    model.train("", ["|f a"], labels=[1.0])
+    os.kill(model.pid, signal.SIGSTOP)
+    began = time.perf_counter()
+    try:
+        with pytest.raises(VowpalWabbitTimeoutError, match="was stopped .* was killed"):
+            model.close(5.0)
+    finally:
+        _resume(model.pid)
+    assert time.perf_counter() - began < 2.0
+    assert not (tmp_path / "final.vw").exists()
+
+
 def test_close_kills_an_engine_that_ignores_eof_and_sigterm(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_ENGINE)
