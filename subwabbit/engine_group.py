@@ -183,8 +183,8 @@ class EngineGroup:
                 return old
             if not old.died and not old.engine.closed:
                 logger.warning("the pool's fork server vw[%s] did not answer a fork within "
-                               "%g s: stopping it and starting a new one", old.pid,
-                               self.startup_timeout_s)
+                               "%g s, or was stopped (SIGSTOP, a debugger): killing it and "
+                               "starting a new one", old.pid, self.startup_timeout_s)
                 old.engine.kill()  # (it frees its copy of the model at once)
             old.close(1.0)  # reaps it (it has ended, or was just killed)
             self._check_model_file("the pool's engines loaded it")

@@ -60,8 +60,9 @@ ABORT_WAIT_S = 5.0
 #: it is killed: a stopped engine never reads the end of its input, and
 #: waiting for it took most of ``close()``'s timeout.
 STOPPED_GRACE_S = 0.2
-#: How often a closing engine's state is looked at while close() waits.
-_STOPPED_POLL_S = 0.05
+#: How often the state of an engine (or fork server) is looked at while
+#: close() waits for it to exit (or a fork request for its answer).
+STOPPED_POLL_S = 0.05
 
 
 class _SharedStream:
@@ -688,7 +689,7 @@ class EngineProcess:
         """
         drain = self._stdout_thread is None
         while True:
-            step_end = min(until, time.perf_counter() + _STOPPED_POLL_S)
+            step_end = min(until, time.perf_counter() + STOPPED_POLL_S)
             if drain:
                 drain = self._drain_stdout(step_end)
             code = self._wait_until(step_end)

@@ -30,7 +30,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .command import default_engine_command
 from .engine.program import FORK_SERVER_ENV_VAR, chosen_driver, option_name
-from .engine_process import EngineProcess, LooseDescriptors, in_transit, track_for_fork
+from .engine_process import (STOPPED_POLL_S, EngineProcess, LooseDescriptors, in_transit,
+                             track_for_fork)
 from .errors import (UNKNOWN_EXIT_STATUS, VowpalWabbitError, VowpalWabbitStartupError,
                      describe_returncode)
 
@@ -287,7 +288,7 @@ class ForkServer:
                     raise VowpalWabbitError("the pool's fork server has exited",
                                             argv=self.argv)
                 socket.send_fds(self._sock, [b"fork"], theirs)
-                reply = self._replies.get(timeout=timeout_s)
+                reply = self._reply(timeout_s)
         except (OSError, queue.Empty) as exc:
             # A late answer would be taken for the next request's: no more requests.
             self.closed = True
@@ -310,6 +311,27 @@ class ForkServer:
             engine = EngineProcess(self.argv, prints_answers=True, proc=process)
             pipes.hand_over()
         return engine
+
+    def _reply(self, timeout_s: float) -> Optional[bytes]:
+        """The server's answer to a request, within ``timeout_s``.
+
+        :raises queue.Empty: when none comes by then, or sooner when the
+            server stays stopped (SIGSTOP, a debugger: see
+            :meth:`~subwabbit.engine_process.EngineProcess.stayed_stopped`),
+            which would have held a replacement up for the whole start-up
+            timeout
+        """
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            now = time.perf_counter()
+            try:
+                return self._replies.get(timeout=max(0.0, min(deadline - now, STOPPED_POLL_S)))
+            except queue.Empty:
+                now = time.perf_counter()
+                if self.engine.stayed_stopped(now):
+                    raise queue.Empty("it is stopped (SIGSTOP, a debugger)") from None
+                if now >= deadline:
+                    raise queue.Empty(f"no answer within {timeout_s:g} s") from None
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the server (the engines it forked go on until their input closes)."""

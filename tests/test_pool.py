@@ -32,8 +32,8 @@ from subwabbit.core.split import SplitPredictExchange
 from subwabbit.engine_group import LOW_PRIORITY_NICE
 from subwabbit.fork_server import ForkServer
 
-from conftest import (CyclesLeft, DictFormatter, WideItems, children_of_this_process, common,
-                      deadline_calls, in_child, items, wide_model,
+from conftest import (Client, CyclesLeft, DictFormatter, WideItems, children_of_this_process,
+                      common, deadline_calls, in_child, items, wide_model,
                       pipe_on_freed_numbers, proc_stat, process_gone, scoring_args,
                       slow_starting_engine, wait_until, warnings_of)
 
@@ -1191,6 +1191,43 @@ def test_a_fork_server_that_stops_answering_is_replaced_by_a_new_one(trained_mod
         assert pool.predict(common(2), items(3000)) == truth[trained_model][2]
         began = time.monotonic()
     assert time.monotonic() - began < 10
+
+
+@pytest.mark.parametrize("kind", ["pool", "asyncio-pool"])
+def test_a_stopped_fork_server_delays_replacements_briefly_and_no_call(kind, trained_model,
+                                                                       truth):
+    """A fork request to a stopped (SIGSTOP) server waited for its answer for
+    the whole ``startup_timeout_s`` (60 s by default, 30 here): a pool whose
+    engines had all died served nothing meanwhile. A server that stays
+    stopped is now taken for stuck at once, and a new one forks the
+    replacements; calls return by their deadlines meanwhile."""
+    client = Client(kind, DictFormatter(), scoring_args(trained_model), size=2,
+                    startup_timeout_s=30.0)
+    try:
+        stopped = client.model._groups[0].server.pid  # pylint: disable=protected-access
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            for victim in client.pids():
+                os.kill(victim, signal.SIGKILL)
+            began = time.perf_counter()
+            late = []
+            while time.perf_counter() - began < 20:
+                called = time.perf_counter()
+                got = client.predict(common(1), items(3000), timeout=0.020)
+                late.append(time.perf_counter() - called - 0.020)
+                assert got == truth[trained_model][1][:len(got)]
+                if got:
+                    break
+            served_after = time.perf_counter() - began
+        finally:
+            if proc_stat(stopped) is not None:
+                os.kill(stopped, signal.SIGCONT)
+        assert served_after < 10, served_after  # generous; the start-up timeout is 30 s
+        assert max(late) < 0.1, max(late)  # generous: 2 shared cores
+        assert process_gone(stopped)
+        assert client.predict(common(2), items(3000)) == truth[trained_model][2]
+    finally:
+        client.close()
 
 
 def test_a_replacement_that_failed_to_start_is_tried_again(trained_model, truth, tmp_path,
