@@ -205,7 +205,8 @@ class VowpalWabbitNonBlockingProcess(VowpalWabbitProcessModel):
         """Predictions for the items, in item order, by the deadline.
 
         The timeout counts from this call. With a timeout the iterator returns
-        by the deadline (plus the time the caller spends between items) with as
+        by the deadline (plus the time the caller spends between items, and at
+        most one item's formatting: no item is begun after the write cut-off) with as
         many predictions as the engine gave, possibly none; without one it
         returns every prediction. Abandoning the iterator is safe; resuming it
         after another call on this process raises

@@ -14,8 +14,8 @@ import pytest
 from subwabbit.core.channel import PROBE_LINE, Channel
 from subwabbit.core.exchanges import (FIRST_FORMAT_ITEMS, CleanupExchange,
                                       MultiLinePredictExchange, Pacing, PredictExchange,
-                                      ProbeExchange, SendExchange, items_to_format,
-                                      new_predict_exchange)
+                                      ProbeExchange, SendExchange, format_next,
+                                      items_to_format, new_predict_exchange)
 from subwabbit.core.kinds import choose_kind
 from subwabbit.errors import VowpalWabbitError, VowpalWabbitProtocolError, VowpalWabbitTimeoutError
 
@@ -951,6 +951,26 @@ def test_a_byte_order_mark_that_continues_the_start_up_blank_is_sent_as_spaces(a
     assert channel.bytes_written == len(written)
     call.queue_lines(["\ufeff3 |a z"])  # only the first bytes queued continue the blank
     assert _written(channel) == "\ufeff3 |a z\n".encode()
+
+
+def test_format_next_begins_no_item_at_or_after_stop_at():
+    """A batch sized by the formatter's speed so far was formatted whole: a
+    formatter slow for some items ran past the deadline by the whole batch."""
+    now = [0.0]
+
+    def format_item(common_features, item, debug_info=None):
+        now[0] += 0.010 if item >= 3 else 0.0001
+        return f"|i {item}"
+
+    items = iter(range(100))
+    parts, ran_out = format_next(format_item, None, items, 50, None, lambda: now[0], 0.020)
+    # item 4 ends past 0.020: it is the last one begun
+    assert parts == ["|i 0", "|i 1", "|i 2", "|i 3", "|i 4"] and not ran_out
+    assert next(items) == 5  # the items not begun are left to the call
+    assert format_next(format_item, None, iter(range(2)), 50, None, lambda: 0.0, 1.0) == (
+        ["|i 0", "|i 1"], True)
+    assert format_next(format_item, None, iter(range(9)), 5, None) == (
+        [f"|i {n}" for n in range(5)], False)
 
 
 def test_items_to_format_by_the_formatters_speed_and_the_time_left():

@@ -1442,6 +1442,41 @@ def test_a_formatter_slow_per_item_still_gets_predictions_by_the_deadline(cls, t
     assert all(got for got, _ in results[1:]), [len(got) for got, _ in results]
 
 
+class _SometimesSlowFormatter(DictFormatter):
+    """A formatter fast for most items and 10 ms for those marked ``slow``
+    (a cache miss per item, say)."""
+
+    def format_item_features(self, common_features, item_features, debug_info=None):
+        if item_features.get("slow"):
+            time.sleep(0.010)
+        return super().format_item_features(common_features, item_features, debug_info)
+
+
+@pytest.mark.parametrize("kind", ["blocking", "nonblocking", "asyncio", "pool", "asyncio-pool"])
+def test_a_formatter_slow_for_some_items_makes_a_call_late_by_one_item_at_most(
+        kind, trained_model, truth):
+    """Batches are sized by the formatter's speed in earlier batches, and a
+    batch was formatted whole without a look at the clock: after fast
+    calls, a call whose items turned slow (10 ms each) formatted a batch of
+    them past its 20 ms deadline, 0.15 to 0.5 s late. The clock is read
+    after each item now: no item is begun after the deadline (the write
+    cut-off), so a call is late by one item's formatting at most."""
+    client = Client(kind, _SometimesSlowFormatter(), scoring_args(trained_model),
+                    **({"size": 2} if "pool" in kind else {}))
+    try:
+        for _ in range(5):  # fast calls: the formatter is measured fast
+            client.predict(common(3), _items(300), timeout=0.050)
+        for _ in range(3):
+            its = [dict(item, slow=index >= 20) for index, item in enumerate(_items(300))]
+            began = time.perf_counter()
+            got = client.predict(common(3), its, timeout=0.020)
+            wall = time.perf_counter() - began
+            assert got == pytest.approx(truth[trained_model][3][:len(got)], abs=1e-6)
+            assert wall < 0.020 + 0.010 + 0.050, wall  # one slow item; generous: 2 shared cores
+    finally:
+        client.close()
+
+
 class _PausedOnceFormatter(_SlowFormatter):
     """:class:`_SlowFormatter` (1 ms an item) that stalls for 60 ms once, at
     its 25th item (a garbage collection, say)."""

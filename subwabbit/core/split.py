@@ -667,9 +667,9 @@ class SplitPredictExchange(Generic[Key]):
     def _next_parts(self, want: int) -> List[Any]:
         """The next ``want`` items formatted (fewer when they run out: then
         no item is left)."""
-        parts = format_next(self._format_item, self._common_features, self._items, want,
-                            self._debug_info)
-        if len(parts) < want:
+        parts, ran_out = format_next(self._format_item, self._common_features, self._items,
+                                     want, self._debug_info, self._clock, self._stop_dealing_at)
+        if ran_out:
             self._items_left = False
         return parts
 
