@@ -653,8 +653,22 @@ def test_close_lets_tasks_in_progress_end_with_their_prefix(trained_model, truth
     async def main():
         pool = AsyncVowpalWabbitPool(DictFormatter(), scoring_args(trained_model), size=2)
         await pool.start()
+        exchanges = []
+        new_exchange = pool._new_exchange
+
+        def watched(*args, **kwargs):
+            exchanges.append(new_exchange(*args, **kwargs))
+            return exchanges[-1]
+
+        pool._new_exchange = watched
         task = asyncio.ensure_future(pool.predict(common(2), items(3000) * 40))
-        await asyncio.sleep(0.02)
+        # Close once the call has handed out some predictions (a fixed sleep
+        # closed a loaded machine's call before its first answer: its prefix
+        # was rightly empty).
+        deadline = time.perf_counter() + 20
+        while not (exchanges and exchanges[0].returned) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.001)
+        assert not task.done()
         began = time.perf_counter()
         await pool.close(timeout=2.0)
         assert time.perf_counter() - began < 2.5
