@@ -883,6 +883,27 @@ def test_a_lane_deals_by_its_engines_last_pace_until_it_has_measured_its_own():
         assert lane.answered >= 27
 
 
+def test_a_lane_slower_than_a_quarter_batch_by_the_deadline_holds_what_it_answers():
+    """An engine that answers 5 lines by the deadline (at 5,000 lines a
+    second, 1 ms left) is dealt 5, and a line when it has time for less:
+    kept to a quarter batch (10), it left lines that the next call on it
+    waited for, and a loaded machine's calls returned nothing one in two."""
+    channel = Channel()
+    channel.pace = 5000.0
+    exchange = _exchange(range(1000), batch_size=40, in_flight=120, hedge=False,
+                         deadline=0.001)
+    exchange.add_lane("a", channel)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 5
+    late = Channel()
+    late.pace = 5000.0
+    exchange = _exchange(range(1000), batch_size=40, in_flight=120, hedge=False,
+                         deadline=0.0001)
+    exchange.add_lane("a", late)
+    exchange.step(0.0)
+    assert late.in_flight_lines == 1  # (half a line by the deadline)
+
+
 def test_a_lane_with_a_known_pace_takes_an_infinite_deadline():
     channel = Channel()
     channel.pace = 1000.0

@@ -61,9 +61,10 @@ class Pacing(NamedTuple):
         queues its one example when ``max_in_flight_lines`` leaves room.
         ``None``: ``max_in_flight_lines`` at any time
     :param reach_at_deadline: with a deadline, keep in flight no more than
-        the engine is expected to answer by then (a quarter batch at least),
-        at its pace in this call once it has answered a quarter batch, and
-        before that at its pace in its last such call (kept on the channel,
+        the engine is expected to answer by then (a line at least, and
+        ``min_batch``), at its pace in this call once it has answered a
+        quarter batch, and before that at its pace in its last such call
+        (kept on the channel,
         :attr:`Channel.pace <subwabbit.core.channel.Channel.pace>`): a line
         answered after the deadline is lost to the call and delays the next
         one. Single-line kinds only
@@ -296,7 +297,7 @@ class PredictExchange(Exchange):
             if pace is not None:
                 reach = pace * max(0.0, self.deadline - now)
                 if reach < most:
-                    return max(self._least_lines(), int(reach))
+                    return max(pacing.min_batch, 1, int(reach))
             return most
         if pacing.lines_at_deadline is None:
             return most
@@ -312,8 +313,7 @@ class PredictExchange(Exchange):
                    min(pacing.max_in_flight_lines, pacing.lines_at_deadline + ahead))
 
     def _least_lines(self) -> int:
-        """The fewest lines :attr:`Pacing.reach_at_deadline` keeps in flight
-        (a quarter batch), and the answers after which this call's pace counts."""
+        """The answers after which this call's pace counts (a quarter batch)."""
         return max(self.pacing.min_batch, self.pacing.batch_size // 4, 1)
 
     def _measured_pace(self) -> Optional[float]:

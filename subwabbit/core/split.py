@@ -441,7 +441,8 @@ class SplitPredictExchange(Generic[Key]):
 
         With a deadline, a lane whose pace is known (or was known in its
         engine's last call) holds no more than it can answer by the deadline
-        at that pace (times :attr:`reach_factor`; a quarter batch at least),
+        at that pace (times :attr:`reach_factor`; a line at least, not a
+        quarter batch, which a slow engine may answer after the deadline),
         and a batch for it is cut to that room (see the module's text).
         """
         # One pass for the paces, one for the rooms, no helper call and no
@@ -485,11 +486,11 @@ class SplitPredictExchange(Generic[Key]):
             if pace is not None and left_s is not None:
                 reach = pace * left_s  # (compared before int(): a deadline may be infinite)
                 if reach < lane_limit:
-                    lane_limit = int(reach) if reach > floor else floor
+                    lane_limit = int(reach) if reach > 1 else 1
                     if lane_limit - in_flight < lane_size:
                         lane_size = lane_limit - in_flight
-                        if lane_size < floor:
-                            lane_size = floor
+                        if lane_size < 1:
+                            lane_size = 1
             room = lane_limit - in_flight
             rooms.append((-room / lane_limit, lane, room, lane_size))
         if len(rooms) > 1:
@@ -515,9 +516,10 @@ class SplitPredictExchange(Generic[Key]):
                      if room >= min(want, size)), None)
 
     def _least_share(self) -> int:
-        """The smallest batch a lane is dealt by its pace (a quarter batch),
-        and the lines it answers before its pace counts (:meth:`_rooms`
-        computes it inline)."""
+        """The smallest batch a lane is dealt by its pace relative to the
+        other lanes' (a quarter batch; by the deadline's reach, a line), and
+        the lines it answers before its pace counts (:meth:`_rooms` computes
+        it inline)."""
         return max(1, self.batch_size // 4)
 
     def can_deal_now(self) -> bool:
