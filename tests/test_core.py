@@ -910,6 +910,31 @@ def test_reach_pacing_keeps_in_flight_what_the_engine_answers_by_the_deadline():
     assert channel.pace == 80 / 6.0  # for the next call on this engine
 
 
+def test_reach_pacing_learns_a_slower_pace_from_the_leftovers_it_waits_for():
+    """A call that spends its time on the last call's leftovers counts their
+    answers in the engine's pace. Counting only its own, it measured none,
+    kept the faster pace of a call before, and filled up again with lines
+    answered after its deadline: on a machine that got loaded, call after
+    call returned nothing."""
+    channel = Channel()
+    leftover = _predict(channel, range(100), Pacing(batch_size=50, max_in_flight_lines=100))
+    leftover.step(0.0)
+    leftover.step(0.0)
+    channel.write_with(len)
+    leftover.end()
+    assert channel.stale_lines == 100
+    channel.pace = 1000.0  # the engine's, before it slowed down
+    exchange = _predict(channel, range(1000), _reaching(), deadline=1.0)
+    exchange.step(0.0)
+    assert channel.in_flight_lines == 100  # no room
+    # 20 leftovers answered in 0.5 s: 40 a second, 20 more by the deadline
+    assert _answer_all(channel, exchange, 0, 20, 0.5) == []
+    assert exchange.pace() == 40.0
+    assert channel.in_flight_lines == 80  # nothing added: 80 are owed already
+    exchange.end()
+    assert channel.pace == 40.0  # for the next call on this engine
+
+
 def test_reach_pacing_starts_a_call_at_the_engines_last_pace():
     """A call deals by the engine's pace in its last call until it has
     measured its own: 5 lines a second with 4 s left, 20 lines; a channel

@@ -63,7 +63,8 @@ class Pacing(NamedTuple):
     :param reach_at_deadline: with a deadline, keep in flight no more than
         the engine is expected to answer by then (a line at least, and
         ``min_batch``), at its pace in this call once it has answered a
-        quarter batch, and before that at its pace in its last such call
+        quarter batch (of its lines, or of earlier calls' leftovers it
+        waits for), and before that at its pace in its last such call
         (kept on the channel,
         :attr:`Channel.pace <subwabbit.core.channel.Channel.pace>`): a line
         answered after the deadline is lost to the call and delays the next
@@ -259,11 +260,15 @@ class PredictExchange(Exchange):
         #: see :meth:`pace`), and since when it has had them
         self.busy_s = 0.0
         self._busy_since: Optional[float] = None
+        #: the earlier calls' leftovers in flight at the first step: the
+        #: engine's answers to them count in its pace (see :meth:`_answered`)
+        self._stale_at_began = 0
 
     def _advance(self, now: float) -> List[Any]:
         channel, call = self.channel, self.call
         if self._began is None:
             self._began = now
+            self._stale_at_began = channel.stale_lines
         if self._busy_since is not None:
             self.busy_s += now - self._busy_since
         if self.cleared_at is None and not channel.stale_lines:
@@ -316,11 +321,21 @@ class PredictExchange(Exchange):
         """The answers after which this call's pace counts (a quarter batch)."""
         return max(self.pacing.min_batch, self.pacing.batch_size // 4, 1)
 
+    def _answered(self) -> int:
+        """The lines the engine answered since this call's first step: its
+        own, and the earlier calls' leftovers it answered meanwhile. (Counting
+        only its own, a call that spent its time on leftovers, because the
+        engine got slower than the pace it was dealt by, measured nothing and
+        kept that pace for the next call, which filled up again with lines
+        answered after its deadline.)"""
+        return self.returned + self._stale_at_began - self.channel.stale_lines
+
     def _measured_pace(self) -> Optional[float]:
         """The engine's answers per second while this call had lines in
         flight, once it has answered :meth:`_least_lines` (``None`` before)."""
-        if self.returned >= self._least_lines() and self.busy_s > 0:
-            return self.returned / self.busy_s
+        answered = self._answered()
+        if answered >= self._least_lines() and self.busy_s > 0:
+            return answered / self.busy_s
         return None
 
     def pace(self) -> Optional[float]:
