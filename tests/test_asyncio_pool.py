@@ -217,14 +217,18 @@ def test_a_forked_childs_own_engines_that_an_ending_event_loop_cut_short_start_a
 
     async def in_the_child_later(pool):
         got = []
-        for _ in range(40):
+        deadline = time.monotonic() + 20
+        while not (got and got[-1]) and time.monotonic() < deadline:
             got.append(await pool.predict(common(2), items(300), timeout=0.05))
-            if got[-1]:
-                break
             await asyncio.sleep(0.1)
+        # (the first call that gets answers may get only some by its deadline
+        # on a loaded machine: all of them come without one)
+        if got[-1]:
+            got.append(await pool.predict(common(2), items(300)))
         engines = len(pool.engine_pids())
         await pool.close()
-        return [each == truth[trained_model][2][:len(each)] for each in got], len(got[-1]), engines
+        return ([each == truth[trained_model][2][:len(each)] for each in got],
+                [len(each) for each in got[-2:]], engines)
 
     def child():
         asyncio.run(in_the_child(pool))
@@ -239,8 +243,8 @@ def test_a_forked_childs_own_engines_that_an_ending_event_loop_cut_short_start_a
                                  vw_command=command)
     result = run(main())
     assert "ok" in result, result
-    exact, last, engines = result["ok"]
-    assert all(exact) and last == 300 and engines == 2, result
+    exact, lengths, engines = result["ok"]
+    assert all(exact) and lengths[0] > 0 and lengths[-1] == 300 and engines == 2, result
 
 
 def test_deadline_waiting_for_an_engine_and_a_loop_that_keeps_turning(trained_model, truth):

@@ -954,9 +954,13 @@ def test_a_forked_child_whose_engines_cannot_start_yet_tries_again(trained_model
             got = []
             while not got and time.monotonic() < deadline:
                 got = pool.predict(common(1), items(3000), timeout=0.5)
+            # (a loaded machine's first call that gets answers may get only
+            # some by its deadline: all of them come without one)
+            exact = bool(got) and got == truth[trained_model][1][:len(got)]
+            exact = exact and pool.predict(common(1), items(3000)) == truth[trained_model][1]
             engines = pool.engine_pids()
             pool.close()
-            return [len(first), got == truth[trained_model][1], engines]
+            return [len(first), exact, engines]
 
         result = in_child(child)
         assert "error" not in result, result
