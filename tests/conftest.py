@@ -418,7 +418,8 @@ def pipe_on_freed_numbers(engine: Any) -> Iterator[PlantedPipe]:
 
 class WideItems(DictFormatter):
     """Items of ``features`` features each: with ``--interactions iiii`` about
-    30 µs a line at 18 features, 200 to 400 µs at 28 (2 vCPUs)."""
+    30 µs a line at 18 features, 200 to 400 µs at 28, a few ms at 60
+    (2 vCPUs)."""
 
     def __init__(self, features):
         super().__init__()
@@ -438,17 +439,17 @@ def wide_model(tmp_path, features):
     return ["-i", model, "-t", "--quiet"]
 
 
-def deadline_calls(predict, calls, known=3000, after_each=None):
+def deadline_calls(predict, calls, known=3000, after_each=None, timeout=0.010):
     """``calls`` calls of ``predict`` (which returns a list) on 3,000 items
-    with a 10 ms deadline, each checked against the first ``known`` items
-    predicted without one, of which fewer must come back (the deadline ended
-    the call): the calls' lengths, and what ``after_each()`` returned after
-    each (``None`` without it)."""
+    with a deadline of ``timeout`` seconds, each checked against the first
+    ``known`` items predicted without one, of which fewer must come back (the
+    deadline ended the call): the calls' lengths, and what ``after_each()``
+    returned after each (``None`` without it)."""
     truth = {user: predict(common(user), items(known)) for user in range(3)}
     assert len(set(truth[0][:50])) > 10
     lengths, after = [], []
     for call in range(calls):
-        got = predict(common(call % 3), items(3000), timeout=0.010)
+        got = predict(common(call % 3), items(3000), timeout=timeout)
         assert got == truth[call % 3][:len(got)]
         assert len(got) < known  # the deadline ended the call
         lengths.append(len(got))

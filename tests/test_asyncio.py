@@ -539,27 +539,28 @@ def test_a_cancelled_save_is_cleaned_up_after_the_loop_ends(tmp_path):
 
 
 def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_path):
-    """As the nonblocking class: at a few hundred µs a line, a call keeps in
+    """As the nonblocking class: at a few ms a line, a 100 ms call keeps in
     flight only what the engine answers by its deadline, so that every call
     after the first few returns some predictions (most returned none)."""
-    args = wide_model(tmp_path, 28)
+    args = wide_model(tmp_path, 60)
 
     async def main():
-        async with AsyncVowpalWabbitProcess(WideItems(28), args) as model:
-            truth = {user: await model.predict(common(user), items(400)) for user in range(3)}
+        async with AsyncVowpalWabbitProcess(WideItems(60), args) as model:
+            truth = {user: await model.predict(common(user), items(200)) for user in range(3)}
             assert len(set(truth[0][:50])) > 10
             lengths = []
             for call in range(16):
-                got = await model.predict(common(call % 3), items(3000), timeout=0.010)
+                got = await model.predict(common(call % 3), items(3000), timeout=0.100)
                 assert got == truth[call % 3][:len(got)]
-                assert len(got) < 400  # the deadline ended the call
+                assert len(got) < 200  # the deadline ended the call
                 lengths.append(len(got))
             return lengths
 
     lengths = run(main())
-    # (a call or two that the machine's load left without a line are not what
-    # this tests: before, most calls returned nothing)
-    assert sum(1 for length in lengths[6:] if length == 0) <= 3, lengths
+    # (a few calls that the machine's load left without a line, the engine
+    # slower than in the call before, are not what this tests: before, all
+    # but the first returned nothing)
+    assert sum(1 for length in lengths[6:] if length == 0) <= 4, lengths
 
 
 @pytest.mark.parametrize("final_model", [True, False])

@@ -169,18 +169,20 @@ def test_metrics_hook_and_debug_info(formatter, trained_model):
 
 
 def test_calls_on_a_model_slow_per_line_return_what_fits_in_their_deadline(tmp_path):
-    """At a few hundred µs a line, the 100 lines the process may keep in
-    flight outlast a 10 ms call: kept to the end, they left the next call
-    nothing but the last one's lines to wait for, and most calls returned
-    nothing (``reach_at_deadline = False`` shows it). Kept to what the
-    engine answers by the deadline at its pace, every call after the first
-    few returns some."""
-    with VowpalWabbitNonBlockingProcess(WideItems(28), wide_model(tmp_path, 28)) as model:
+    """At a few ms a line, the 100 lines the process may keep in flight
+    outlast a 100 ms call: kept to the end, they left the next call nothing
+    but the last one's lines to wait for, and most calls returned nothing
+    (``reach_at_deadline = False`` shows it). Kept to what the engine
+    answers by the deadline at its pace, every call after the first few
+    returns some. (A 10 ms call on a model 10 times faster is the same
+    test, but a loaded machine's scheduler alone left such calls empty.)"""
+    with VowpalWabbitNonBlockingProcess(WideItems(60), wide_model(tmp_path, 60)) as model:
         lengths, _ = deadline_calls(lambda *args, **kwargs: list(model.predict(*args, **kwargs)),
-                                    16, known=400)
-    # (one or two calls that the machine's load left without a line are not
-    # what this tests: before, most calls returned nothing)
-    assert sum(1 for length in lengths[6:] if length == 0) <= 2, lengths
+                                    16, known=200, timeout=0.100)
+    # (a few calls that the machine's load left without a line, the engine
+    # slower than in the call before, are not what this tests: before, all
+    # but the first returned nothing)
+    assert sum(1 for length in lengths[6:] if length == 0) <= 4, lengths
 
 
 def test_a_reused_metrics_dict_holds_only_this_calls_metrics(model):
