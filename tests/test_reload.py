@@ -375,7 +375,10 @@ def test_close_ends_the_engine_a_reload_replaced_within_its_own_timeout(kind, tm
         began = time.perf_counter()
         model.close(timeout=1.0)
         assert time.perf_counter() - began < 1.0 + 0.5
-        assert proc_stat(old_pid) is None
+        # Killed by close() (not by the reload's schedule, 30 s on): gone in
+        # moments, though a loaded machine may not have run its exit by the
+        # time close() returns.
+        assert process_gone(old_pid, timeout_s=5.0)
     finally:  # (never left running)
         with contextlib.suppress(ProcessLookupError):
             os.kill(old_pid, signal.SIGKILL)
@@ -405,7 +408,8 @@ def test_close_ends_the_engine_a_reload_replaced_within_its_own_timeout_asyncio_
         began = time.perf_counter()
         run(model.close(timeout=1.0))
         assert time.perf_counter() - began < 1.0 + 0.5
-        assert [pid for pid in old_pids if proc_stat(pid) is not None] == []
+        # (as above: killed by close(), gone in moments)
+        assert [pid for pid in old_pids if not process_gone(pid, timeout_s=5.0)] == []
     finally:  # (never left running)
         for pid in old_pids:
             with contextlib.suppress(ProcessLookupError):
