@@ -22,6 +22,15 @@ logger = logging.getLogger("subwabbit")
 
 _clock = time.perf_counter
 
+#: The longest a call waits for its engine's pipes before it steps again,
+#: when other threads share the object (a ``lock`` is given to
+#: :func:`drive`): a thread that ends this call (a new call of the thread
+#: that began it, while another thread finishes its iterator) cannot wake
+#: it, and a call that went to sleep just after the other one took the
+#: engine's last answers would sleep until ``io_timeout_s`` (30 s) before
+#: it learnt that it had ended.
+SHARED_WAIT_S = 0.05
+
 
 def drive(engine: EngineProcess, exchange: Exchange,
           detailed: Optional[Dict[str, List[Any]]] = None,
@@ -61,7 +70,12 @@ def drive(engine: EngineProcess, exchange: Exchange,
         if exchange.done:
             return
         if not moved:
-            may_read = engine.wait(reads, channel.unwritten_bytes > 0, exchange.wake_at())
+            wake = exchange.wake_at()
+            if lock is not None:
+                recheck = _clock() + SHARED_WAIT_S
+                if wake is None or wake > recheck:
+                    wake = recheck
+            may_read = engine.wait(reads, channel.unwritten_bytes > 0, wake)
 
 
 def run(engine: EngineProcess, exchange: Exchange,

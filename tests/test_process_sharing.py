@@ -301,3 +301,55 @@ def test_an_abandoned_iterator_finalized_while_another_thread_waits_for_the_turn
     assert outcome["got"] == pytest.approx(truth[trained_model][2][:300], abs=1e-6)
     begun.join(10)
     model.close()
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC))
+def test_an_iterator_ended_by_its_first_thread_while_another_waits_on_it_ends_at_once(
+        kind, trained_model, truth):
+    # The lost wake-up behind the test above's hangs (about one run in two on
+    # a fast machine), made certain: the thread finishing the iterator steps,
+    # finds nothing to read, and only then goes to sleep on the engine's pipe,
+    # after the first thread's new call ended the iterator and took every
+    # answer there was. Nothing will come: it must find that its call ended
+    # without waiting for io_timeout_s.
+    model = SYNC[kind](DictFormatter(), scoring_args(trained_model), batch_size=100,
+                       io_timeout_s=20)
+    engine = model._engine  # pylint: disable=protected-access
+    real_wait = engine.wait
+    new_call_done = threading.Event()
+    consumer_sleeps = threading.Event()
+
+    def wait(read, write, until):
+        if threading.current_thread().name == "consumer" and not new_call_done.is_set():
+            consumer_sleeps.set()
+            new_call_done.wait(20)
+        return real_wait(read, write, until)
+
+    engine.wait = wait
+    outcome = {}
+    try:
+        unfinished = model.predict(common(0), items(3000))
+        got_b = [next(unfinished)]
+
+        def finish():
+            try:
+                got_b.extend(unfinished)
+                outcome["b"] = "exhausted"
+            except VowpalWabbitError as exc:
+                outcome["b"] = str(exc).splitlines()[0]
+
+        consumer = threading.Thread(target=finish, name="consumer")
+        consumer.start()
+        assert consumer_sleeps.wait(20), "the consumer never waited for the engine"
+        got_a = list(model.predict(common(3), items(300)))
+        new_call_done.set()
+        began = time.monotonic()
+        consumer.join(15)
+        assert not consumer.is_alive(), "the consumer still waits for a call that ended"
+        assert time.monotonic() - began < 5.0
+        assert got_a == pytest.approx(truth[trained_model][3][:300], abs=1e-6)
+        assert got_b == pytest.approx(truth[trained_model][0][:len(got_b)], abs=1e-6)
+        assert "b" in outcome
+    finally:
+        new_call_done.set()
+        model.close()
