@@ -967,6 +967,43 @@ def test_a_worker_that_dies_fails_the_job_and_its_engine_dies_with_it(calls, ren
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def test_a_stopped_worker_cannot_hold_the_job_past_its_timeout(calls, rendezvous_log):
+    """Dask's scatter of a shard to a stopped worker (SIGSTOP) never
+    returned, and run_job waited in it long past its timeout_s (200 s and
+    more with timeout_s=3); the deadline now bounds it and names the node."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as client:
+        stuck = sorted(client.nthreads())[1]  # node 1's worker
+        pid = client.run(os.getpid, workers=[stuck])[stuck]
+        os.kill(pid, signal.SIGSTOP)
+        outcome: Dict[str, Any] = {}
+
+        def run():
+            began = time.monotonic()
+            try:
+                run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
+                        timeout_s=3)
+            except BaseException as exc:  # pylint: disable=broad-except
+                outcome["error"] = exc
+            outcome["elapsed"] = time.monotonic() - began
+
+        thread = threading.Thread(target=run, daemon=True)
+        try:
+            thread.start()
+            thread.join(20)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        thread.join(30)
+        assert "elapsed" in outcome, "run_job was still running 20 s into a 3 s job"
+        assert outcome["elapsed"] < 10
+        error = outcome["error"]
+        assert isinstance(error, DistributedTrainingError), repr(error)
+        assert error.node == 1
+        assert f"not on its worker {stuck} within timeout_s=3" in str(error)
+        assert_nothing_left(rendezvous_log[-1], wait_s=5)
+
+
 class WorkerKillingShard:
     """Kills the worker process that iterates it (as the OOM killer would)."""
 

@@ -7,6 +7,8 @@ nodes' reports or stops every node and raises. :func:`train` runs a job and
 writes node 0's model.
 """
 
+import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import ipaddress
@@ -279,7 +281,7 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
                         prediction_type=prediction_type)
         futures: List[Any] = []
         try:
-            futures = _submit(client, spec, sources, slots)
+            _submit(client, spec, sources, slots, rendezvous, deadline, timeout_s, futures)
             _supervise(rendezvous, futures, deadline, timeout_s)
             reports = client.gather(futures)
         except BaseException as exc:
@@ -302,20 +304,56 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
                      finished_at=max(report.finished_at for report in reports))
 
 
-def _submit(client: Any, spec: NodeSpec, sources: List[Any], slots: List[str]) -> List[Any]:
+def _submit(client: Any, spec: NodeSpec, sources: List[Any], slots: List[str],
+            rendezvous: Rendezvous, deadline: float, timeout_s: float,
+            futures: List[Any]) -> None:
     """One task per node, each on its worker (a preference: Dask may move a
-    task whose worker is gone or busy)."""
+    task whose worker is gone or busy), appended to ``futures`` as it is
+    submitted.
+
+    The shards of lists are scattered to their workers all at once, and the
+    job's deadline bounds the wait for them: Dask's scatter has no time limit
+    of its own, and one to a stuck worker (stopped, or its host unreachable)
+    never returns.
+
+    :raises DistributedTrainingError: when a shard is not on its worker by
+        the deadline (the node is named)
+    """
     tag = f"{spec.unique_id:016x}"
-    futures = []
-    for node, (source, worker) in enumerate(zip(sources, slots)):
-        if hasattr(source, "dask") and hasattr(source, "key"):  # a bag's partition
-            shard = client.compute(source, workers=[worker], allow_other_workers=True)
-        else:
-            shard = client.scatter([source], workers=[worker], hash=False)[0]
-        futures.append(client.submit(run_node, spec, node, shard, key=f"subwabbit-node-{node}-{tag}",
-                                     workers=[worker], allow_other_workers=True, retries=0,
-                                     pure=False))
-    return futures
+    scatters = [None if _is_delayed(source) else _start_scatter(client, source, worker)
+                for source, worker in zip(sources, slots)]
+    try:
+        for node, (source, worker) in enumerate(zip(sources, slots)):
+            scatter = scatters[node]
+            if scatter is None:  # a bag's partition, computed on the cluster
+                shard = client.compute(source, workers=[worker], allow_other_workers=True)
+            else:
+                try:
+                    shard = scatter.result(timeout=max(0.0, deadline - time.monotonic()))[0]
+                except concurrent.futures.TimeoutError:
+                    rendezvous.fail(node, f"its shard was not on its worker {worker} within "
+                                    f"timeout_s={timeout_s:g} (the worker may be stuck, or "
+                                    "its host unreachable)")
+                    raise _job_error(rendezvous) from None
+            futures.append(client.submit(run_node, spec, node, shard,
+                                         key=f"subwabbit-node-{node}-{tag}", workers=[worker],
+                                         allow_other_workers=True, retries=0, pure=False))
+    finally:
+        for scatter in scatters:
+            if scatter is not None:
+                scatter.cancel()
+
+
+def _is_delayed(source: Any) -> bool:
+    """Whether a shard is a bag's partition (a Dask collection to compute)."""
+    return hasattr(source, "dask") and hasattr(source, "key")
+
+
+def _start_scatter(client: Any, source: Any, worker: str) -> "concurrent.futures.Future[Any]":
+    """Start scattering ``source`` to ``worker`` on the client's event loop;
+    the future's result is a list of the one Dask future of the shard."""
+    coroutine = client.scatter([source], workers=[worker], hash=False, asynchronous=True)
+    return asyncio.run_coroutine_threadsafe(coroutine, client.loop.asyncio_loop)
 
 
 def _supervise(rendezvous: Rendezvous, futures: List[Any], deadline: float,
