@@ -1004,6 +1004,59 @@ def test_a_stopped_worker_cannot_hold_the_job_past_its_timeout(calls, rendezvous
         assert_nothing_left(rendezvous_log[-1], wait_s=5)
 
 
+def test_a_worker_stopped_before_its_report_is_gathered_cannot_hold_the_job(
+        calls, rendezvous_log, monkeypatch):
+    """Every node finished, then node 1's worker was stopped (SIGSTOP)
+    before the client gathered the reports: Dask's gather waited for it
+    for as long as it stayed stopped, past timeout_s; the deadline now
+    bounds it and names the node."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        supervise = job_module._supervise  # pylint: disable=protected-access
+        held: List[int] = []  # the nodes whose reports are on the stopped worker
+        stopped: List[int] = []
+
+        def supervise_then_stop(rendezvous, futures, *args, **kwargs):
+            supervise(rendezvous, futures, *args, **kwargs)
+            # (Dask may have moved node 1's task: stop the worker it ran on)
+            who_has = client.who_has(futures)
+            stuck = who_has[futures[1].key][0]
+            held.extend(node for node, future in enumerate(futures)
+                        if stuck in who_has[future.key])
+            os.kill(pids[stuck], signal.SIGSTOP)
+            stopped.append(pids[stuck])
+
+        monkeypatch.setattr(job_module, "_supervise", supervise_then_stop)
+        outcome: Dict[str, Any] = {}
+
+        def run():
+            began = time.monotonic()
+            try:
+                run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
+                        timeout_s=5)
+            except BaseException as exc:  # pylint: disable=broad-except
+                outcome["error"] = exc
+            outcome["elapsed"] = time.monotonic() - began
+
+        thread = threading.Thread(target=run, daemon=True)
+        try:
+            thread.start()
+            thread.join(20)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        thread.join(30)
+        assert "elapsed" in outcome, "run_job was still running 20 s into a 5 s job"
+        assert outcome["elapsed"] < 10
+        error = outcome["error"]
+        assert isinstance(error, DistributedTrainingError), repr(error)
+        assert error.node == min(held)
+        assert "report" in error.reason and "timeout_s=5" in error.reason
+        assert_nothing_left(rendezvous_log[-1], wait_s=5)
+
+
 class WorkerKillingShard:
     """Kills the worker process that iterates it (as the OOM killer would)."""
 

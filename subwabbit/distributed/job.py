@@ -283,7 +283,7 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
         try:
             _submit(client, spec, sources, slots, rendezvous, deadline, timeout_s, futures)
             _supervise(rendezvous, futures, deadline, timeout_s)
-            reports = client.gather(futures)
+            reports = _gather(client, futures, rendezvous, deadline, timeout_s)
         except BaseException as exc:
             _stop(distributed, client, rendezvous, futures,
                   exc if isinstance(exc, DistributedTrainingError) else None)
@@ -320,8 +320,9 @@ def _submit(client: Any, spec: NodeSpec, sources: List[Any], slots: List[str],
         the deadline (the node is named)
     """
     tag = f"{spec.unique_id:016x}"
-    scatters = [None if _is_delayed(source) else _start_scatter(client, source, worker)
-                for source, worker in zip(sources, slots)]
+    scatters = [None if _is_delayed(source) else _on_loop(
+        client, client.scatter([source], workers=[worker], hash=False, asynchronous=True))
+        for source, worker in zip(sources, slots)]
     try:
         for node, (source, worker) in enumerate(zip(sources, slots)):
             scatter = scatters[node]
@@ -349,11 +350,38 @@ def _is_delayed(source: Any) -> bool:
     return hasattr(source, "dask") and hasattr(source, "key")
 
 
-def _start_scatter(client: Any, source: Any, worker: str) -> "concurrent.futures.Future[Any]":
-    """Start scattering ``source`` to ``worker`` on the client's event loop;
-    the future's result is a list of the one Dask future of the shard."""
-    coroutine = client.scatter([source], workers=[worker], hash=False, asynchronous=True)
-    return asyncio.run_coroutine_threadsafe(coroutine, client.loop.asyncio_loop)
+def _on_loop(client: Any, awaitable: Any) -> "concurrent.futures.Future[Any]":
+    """Run one of the client's calls (made with ``asynchronous=True``) on its
+    event loop, so that this thread can wait for it a bounded time and
+    cancel it: the blocking forms of Dask's scatter and gather have no time
+    limit, and wait for a stuck worker for as long as it stays stuck."""
+    return asyncio.run_coroutine_threadsafe(awaitable, client.loop.asyncio_loop)
+
+
+def _gather(client: Any, futures: List[Any], rendezvous: Rendezvous, deadline: float,
+            timeout_s: float) -> List[NodeReport]:
+    """Every node's report, fetched from its worker by the job's deadline.
+
+    One node at a time: Dask merges gathers that run at once into one, which
+    a stuck worker holds up for every node, and the node could not be named.
+
+    :raises DistributedTrainingError: when a report is not here by then (its
+        worker stopped, or its host unreachable, once the node finished); the
+        node is named
+    """
+    reports = []
+    for node, future in enumerate(futures):
+        fetch = _on_loop(client, client.gather(future, asynchronous=True))
+        try:
+            reports.append(fetch.result(timeout=max(0.0, deadline - time.monotonic())))
+        except concurrent.futures.TimeoutError:
+            rendezvous.fail(node, "its report did not come back from its worker within "
+                            f"timeout_s={timeout_s:g} (the worker may be stuck, or its host "
+                            "unreachable)")
+            raise _job_error(rendezvous) from None
+        finally:
+            fetch.cancel()
+    return reports
 
 
 def _supervise(rendezvous: Rendezvous, futures: List[Any], deadline: float,
