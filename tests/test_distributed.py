@@ -1057,6 +1057,56 @@ def test_a_worker_stopped_before_its_report_is_gathered_cannot_hold_the_job(
         assert_nothing_left(rendezvous_log[-1], wait_s=5)
 
 
+def test_a_worker_that_dies_holding_a_shard_before_its_node_starts_is_named(calls,
+                                                                          rendezvous_log):
+    """The only worker holding node 1's scattered shard died before the
+    node's task began (both workers' threads were busy): Dask cancelled the
+    task, and the job said only "its Dask task was cancelled", as if someone
+    had cancelled it; it now says that the shard was lost with its worker."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        holder = sorted(pids)[1]  # node 1's worker
+        busy = [client.submit(time.sleep, 20, workers=[address], pure=False)
+                for address in sorted(pids)]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(client.processing().get(address)
+                                                      for address in pids):
+            time.sleep(0.05)
+        assert all(client.processing().get(address) for address in pids)
+        outcome: Dict[str, Any] = {}
+
+        def run():
+            try:
+                run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
+                        timeout_s=60)
+            except BaseException as exc:  # pylint: disable=broad-except
+                outcome["error"] = exc
+            outcome["ended"] = time.monotonic()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+                key.startswith("subwabbit-node-1-")
+                for key in client.processing().get(holder, ())):
+            time.sleep(0.05)
+        assert any(holder in who for key, who in client.who_has().items()
+                   if key.startswith("list-")), "node 1's shard is not on its worker"
+        killed_at = time.monotonic()
+        os.kill(pids[holder], signal.SIGKILL)
+        thread.join(30)
+        assert "ended" in outcome
+        assert outcome["ended"] - killed_at < 10  # not at timeout_s
+        error = outcome["error"]
+        assert isinstance(error, DistributedTrainingError), repr(error)
+        assert error.node == 1
+        assert "its shard was lost before its task ran" in error.reason, error.reason
+        assert_nothing_left(rendezvous_log[-1], wait_s=5)
+        del busy
+
+
 class WorkerKillingShard:
     """Kills the worker process that iterates it (as the OOM killer would)."""
 

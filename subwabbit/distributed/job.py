@@ -280,9 +280,11 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
                         timeout_s=timeout_s, vw_command=vw_command, batch_size=batch_size,
                         prediction_type=prediction_type)
         futures: List[Any] = []
+        shard_futures: List[Any] = []  # each node's shard, as a Dask future
         try:
-            _submit(client, spec, sources, slots, rendezvous, deadline, timeout_s, futures)
-            _supervise(rendezvous, futures, deadline, timeout_s)
+            _submit(client, spec, sources, slots, rendezvous, deadline, timeout_s, futures,
+                    shard_futures)
+            _supervise(rendezvous, futures, deadline, timeout_s, shards=shard_futures)
             reports = _gather(client, futures, rendezvous, deadline, timeout_s)
         except BaseException as exc:
             _stop(distributed, client, rendezvous, futures,
@@ -306,10 +308,10 @@ def run_job(client: Any, shards: Any, formatter: VowpalWabbitBaseFormatter, vw_a
 
 def _submit(client: Any, spec: NodeSpec, sources: List[Any], slots: List[str],
             rendezvous: Rendezvous, deadline: float, timeout_s: float,
-            futures: List[Any]) -> None:
+            futures: List[Any], shards: List[Any]) -> None:
     """One task per node, each on its worker (a preference: Dask may move a
     task whose worker is gone or busy), appended to ``futures`` as it is
-    submitted.
+    submitted (and its shard's Dask future to ``shards``).
 
     The shards of lists are scattered to their workers all at once, and the
     job's deadline bounds the wait for them: Dask's scatter has no time limit
@@ -336,6 +338,7 @@ def _submit(client: Any, spec: NodeSpec, sources: List[Any], slots: List[str],
                                     f"timeout_s={timeout_s:g} (the worker may be stuck, or "
                                     "its host unreachable)")
                     raise _job_error(rendezvous) from None
+            shards.append(shard)
             futures.append(client.submit(run_node, spec, node, shard,
                                          key=f"subwabbit-node-{node}-{tag}", workers=[worker],
                                          allow_other_workers=True, retries=0, pure=False))
@@ -385,7 +388,7 @@ def _gather(client: Any, futures: List[Any], rendezvous: Rendezvous, deadline: f
 
 
 def _supervise(rendezvous: Rendezvous, futures: List[Any], deadline: float,
-               timeout_s: float) -> None:
+               timeout_s: float, shards: Sequence[Any] = ()) -> None:
     """Wait until every task has finished; raise when one fails or time is up."""
     while True:
         if rendezvous.failure is not None:
@@ -393,7 +396,8 @@ def _supervise(rendezvous: Rendezvous, futures: List[Any], deadline: float,
         statuses = [future.status for future in futures]
         for node, status in enumerate(statuses):
             if status in ("error", "cancelled", "lost"):
-                rendezvous.fail(node, _task_failure(futures[node], status))
+                rendezvous.fail(node, _task_failure(futures[node], status,
+                                                    shards[node] if node < len(shards) else None))
         if rendezvous.failure is None and all(status == "finished" for status in statuses):
             return
         if rendezvous.failure is None and time.monotonic() >= deadline:
@@ -401,7 +405,13 @@ def _supervise(rendezvous: Rendezvous, futures: List[Any], deadline: float,
         rendezvous.wait(_POLL_S)
 
 
-def _task_failure(future: Any, status: str) -> str:
+def _task_failure(future: Any, status: str, shard: Any = None) -> str:
+    if status == "cancelled" and shard is not None and shard.status == "cancelled" \
+            and future.client.status == "running":
+        # Dask cancels a task whose input is gone: a scattered shard whose
+        # only worker died or left (this client did not cancel it: it runs).
+        return ("its shard was lost before its task ran: the Dask worker that held it died "
+                "or left the cluster, and Dask cancelled the task")
     if status != "error":
         return f"its Dask task was {status}"
     try:
