@@ -166,7 +166,10 @@ async def _finish_example(engine: EngineProcess, channel: Channel, deadline: flo
     closes, by ``deadline`` at the latest.
 
     :returns: whether the engine's input ends on a whole line (else the
-        caller kills it, so that it saves nothing)
+        caller kills it, so that it saves nothing); ``False`` as soon as
+        the engine has stayed stopped (SIGSTOP, a debugger: see
+        :meth:`EngineProcess.stayed_stopped
+        <subwabbit.engine_process.EngineProcess.stayed_stopped>`)
     """
     if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
         return not channel.input_torn and not channel.unwritten_bytes
@@ -175,6 +178,8 @@ async def _finish_example(engine: EngineProcess, channel: Channel, deadline: flo
             if _clock() >= deadline:
                 return False
             if not pump(engine, channel, deadline):
+                if engine.stayed_stopped(_clock()):
+                    return False
                 await asyncio.sleep(0.001)
     except VowpalWabbitError:  # it ended: closing it reports why
         return False
@@ -510,12 +515,13 @@ class AsyncVowpalWabbitProcess(ClientBase):
                        and (held or not self._turn.busy)
                        and not await _finish_example(engine, self._channel,
                                                      began + timeout / 4))
+            stopped = unsaved and engine.stayed_stopped(_clock())
             if unsaved:
                 engine.kill()
             await self._shut_down(engine, max(0.0, began + timeout - _clock()),
                                   final_model=self._writes_final_model)
             if unsaved:
-                raise unsaved_model_error(engine)
+                raise unsaved_model_error(engine, stopped, timeout)
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled (the loop is shutting down), or dropped unfinished
             # with a closed loop (GeneratorExit). A call still on the engine

@@ -935,6 +935,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         :raises VowpalWabbitTimeoutError: when an engine started with
             ``-f``/``--final_regressor`` had to be terminated before it exited:
             its model is not written (pass a longer ``timeout``)
+            (or killed because it stayed stopped, SIGSTOP, a debugger: with
+            a line a call left cut too)
         :raises VowpalWabbitProtocolError: when an engine started with ``-f``
             was killed, unsaved, because a call was interrupted inside a write
             to it (see :func:`~subwabbit.transfer.unsaved_model_error`)
@@ -981,12 +983,13 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 unsaved = (self._writes_final_model and self._channel is not None
                            and not finish_example(self._engine, self._channel,
                                                   began + timeout / 4))
+                stopped = unsaved and self._engine.stayed_stopped(time.perf_counter())
                 if unsaved:
                     self._engine.kill()
                 self._engine.close(max(0.0, timeout - (time.perf_counter() - began)),
                                    final_model=self._writes_final_model)
                 if unsaved:
-                    raise unsaved_model_error(self._engine)
+                    raise unsaved_model_error(self._engine, stopped, timeout)
             elif left is not None:
                 # An engine that had exited on its own before close() killed
                 # it: its failure is this close()'s to report, as it would be

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 from .core.channel import Channel
 from .core.exchanges import ProbeExchange
 from .core.kinds import PredictionKind
-from .engine_process import EngineProcess
+from .engine_process import STOPPED_POLL_S, EngineProcess
 from .errors import (VowpalWabbitEngineExitedError, VowpalWabbitError,
                      VowpalWabbitProtocolError, VowpalWabbitTimeoutError)
 
@@ -29,12 +29,23 @@ def torn_channel_error() -> VowpalWabbitProtocolError:
         "other call")
 
 
-def unsaved_model_error(engine: EngineProcess) -> VowpalWabbitProtocolError:
+def unsaved_model_error(engine: EngineProcess, stopped: bool = False,
+                        timeout_s: float = 0.0) -> VowpalWabbitError:
     """The failure of closing an engine started with ``-f`` whose input
     could not be made to end on a whole line (:func:`finish_example`: a
     write was cut short, so its input may end in a cut example, which it
     would learn into the model it saves, or the engine did not take the rest
-    of a cut example in time): it is killed instead, and saves nothing."""
+    of a cut example in time): it is killed instead, and saves nothing.
+
+    :param stopped: the engine did not take the rest because it stayed
+        stopped (SIGSTOP, a debugger): the error is then the one of closing
+        any stopped ``-f`` engine, a
+        :class:`~subwabbit.errors.VowpalWabbitTimeoutError` saying so
+        (:meth:`~subwabbit.engine_process.EngineProcess.final_model_lost`)
+    :param timeout_s: the close's timeout, for that error
+    """
+    if stopped:
+        return engine.final_model_lost(timeout_s, stopped=True)
     return VowpalWabbitProtocolError(
         "the vw engine's -f model was not saved: a call was interrupted while it wrote to the "
         "engine, whose input would have ended in a cut example, so the engine was killed; a "
@@ -127,7 +138,11 @@ def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> 
     (:func:`unsaved_model_error`).
 
     :param deadline: a :func:`time.perf_counter` value: an engine that does
-        not take the bytes by then is not given them
+        not take the bytes by then is not given them, nor one that stays
+        stopped (SIGSTOP, a debugger) for
+        :data:`~subwabbit.engine_process.STOPPED_GRACE_S` meanwhile
+        (:meth:`~subwabbit.engine_process.EngineProcess.stayed_stopped`:
+        it would never take them)
     :returns: whether the engine's input ends on a whole line: every byte
         the channel held was written, and no write was cut short
         (:attr:`~subwabbit.core.channel.Channel.input_torn`)
@@ -137,9 +152,10 @@ def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> 
     try:
         while channel.unwritten_bytes:
             if not pump(engine, channel, deadline):
-                if _clock() >= deadline:
+                now = _clock()
+                if now >= deadline or engine.stayed_stopped(now):
                     return False
-                engine.wait(engine.prints_answers, True, deadline)
+                engine.wait(engine.prints_answers, True, min(deadline, now + STOPPED_POLL_S))
     except VowpalWabbitError:  # it ended: closing it reports why
         return False
     return True

@@ -5,13 +5,14 @@ import asyncio
 import gc
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
 
 from subwabbit import (AsyncVowpalWabbitProcess, VowpalWabbitDummyFormatter,
                        VowpalWabbitError, VowpalWabbitNonBlockingProcess,
-                       VowpalWabbitProcess)
+                       VowpalWabbitProcess, VowpalWabbitTimeoutError)
 
 #: Every item line has the same 40 features: a model that learnt only whole
 #: lines gives f0 and f39 the same weight; a cut line updates f0, not f39.
@@ -347,9 +348,9 @@ def test_close_after_a_torn_read_saves_the_model(tmp_path):
 
 
 def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_model(tmp_path):
-    # The engine stays stopped: the rest of the cut line cannot be written
-    # by a quarter of close()'s timeout, so the engine is killed rather than
-    # left to learn the cut line, and close() says the model was not saved.
+    # The engine stays stopped: the rest of the cut line cannot be written,
+    # so the engine is killed rather than left to learn the cut line, and
+    # close() says the model was not written.
     path = tmp_path / "model.vw"
     path.write_bytes(b"the model saved before")
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)],
@@ -362,7 +363,7 @@ def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_m
             model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
         signal.setitimer(signal.ITIMER_REAL, 0)
         assert model._channel.bytes_written % len(f"1  {ITEM}\n")  # pylint: disable=protected-access
-        with pytest.raises(VowpalWabbitError, match="not saved"):
+        with pytest.raises(VowpalWabbitError, match="model was not written"):
             model.close(timeout=2.0)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -371,4 +372,74 @@ def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_m
             os.kill(model.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+    assert path.read_bytes() == b"the model saved before"
+
+
+def _cut_a_line_on_a_stopped_engine(model: Any) -> None:
+    """Leave ``model``'s engine stopped (SIGSTOP) with a train call cut in
+    the middle of a line, the rest of it unwritten (the pipe is full)."""
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(model.pid, signal.SIGSTOP)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    channel = model._channel  # pylint: disable=protected-access
+    assert channel.bytes_written % len(f"1  {ITEM}\n") and channel.unwritten_bytes
+
+
+def test_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was_stopped(tmp_path):
+    # A stopped engine never takes the rest of the cut line: close() kills it
+    # once it has stayed stopped for STOPPED_GRACE_S, as it does an engine
+    # stopped without a cut line, not after a quarter of its timeout (7.5 s
+    # of the default 30 s), and says it was stopped.
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)],
+                                write_only=True)
+    pid = model.pid
+    try:
+        _cut_a_line_on_a_stopped_engine(model)
+        began = time.monotonic()
+        with pytest.raises(VowpalWabbitTimeoutError, match="stopped"):
+            model.close()
+        assert time.monotonic() - began < 4.0
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert path.read_bytes() == b"the model saved before"
+
+
+def test_async_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was_stopped(
+        tmp_path):
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+
+    async def cut_and_close() -> float:
+        model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(),
+                                         ["--quiet", "-f", str(path)])
+        await model.start()
+        pid = model.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
+            assert model._channel.unwritten_bytes  # pylint: disable=protected-access
+            began = time.monotonic()
+            with pytest.raises(VowpalWabbitTimeoutError, match="stopped"):
+                await model.close()
+            return time.monotonic() - began
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    assert asyncio.run(cut_and_close()) < 4.0
     assert path.read_bytes() == b"the model saved before"
