@@ -160,6 +160,11 @@ def smaps_rollup(pid: int) -> Dict[str, int]:
     return fields
 
 
+#: ``looked_at`` of a call that has not read its engines after a wait yet:
+#: no lane has been quiet as of then
+_NEVER_LOOKED = float("-inf")
+
+
 def default_pool_size() -> int:
     """The number of CPUs this process may use: those it may run on
     (``os.sched_getaffinity``), no more than its cgroup's CPU quota
@@ -916,6 +921,12 @@ class PoolBase(ClientBase):
         #: (the write cut-off drops the lines not yet in a pipe). Past the
         #: deadline nothing is read: the step ends the call.
         woke = False
+        #: when the loop last read the engines after a wait: a lane is stuck
+        #: if it was quiet for io_timeout_s as of then. (As of the step's
+        #: time, an event loop that ran other tasks past io_timeout_s, or a
+        #: wake past the deadline, when nothing is read, took answers
+        #: waiting unread in the pipes for silence, and failed healthy engines.)
+        looked_at: Optional[float] = None
         while True:
             if self._closed:  # close() waits for the calls to give their engines back
                 exchange.done = exchange.timed_out = True
@@ -925,9 +936,11 @@ class PoolBase(ClientBase):
                 now = _clock()
                 if exchange.end_at is None or now < exchange.end_at:
                     self._pump_lanes(exchange, readable, now, write=False)
+                    looked_at = now
                 readable = _NONE_READABLE
             now = _clock()
-            for lane in exchange.stuck_lanes(now):
+            for lane in exchange.stuck_lanes(
+                    now, _NEVER_LOOKED if looked_at is None else looked_at):
                 self._fail_lane(exchange, lane, exchange.idle_error())
             try:
                 results += exchange.step(now)

@@ -507,22 +507,52 @@ def test_idle_timeout_applies_to_a_predict_call_before_its_deadline_too():
     exchange.step(0.0)
     exchange.step(0.5)
     assert exchange.wake_at() == 1.0  # nothing moved since the first step
+    exchange.step(1.0)  # (the pipe was last read at 0.5: the driver reads it now)
     with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 1 s"):
-        exchange.step(1.6)
+        exchange.step(1.0)
     channel = Channel()
     exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
                         deadline=5.0, idle_s=1.0)
     exchange.step(0.0)
     exchange.step(0.5)
     assert exchange.wake_at() == 1.0  # the idle limit comes before the deadline
+    exchange.step(1.0)
+    assert exchange.wake_at() == 1.0  # at once, after the driver's read
     with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 1 s"):
-        exchange.step(4.0)
+        exchange.step(1.0)
     channel = Channel()
     exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
                         deadline=0.5, idle_s=1.0)
     exchange.step(0.0)
     assert exchange.wake_at() == 0.5
     assert exchange.step(0.5) == [] and exchange.timed_out
+
+
+def test_the_idle_limit_is_judged_as_of_the_last_read_of_the_pipe():
+    """A step that comes late (an event loop that ran other tasks, a thread
+    left without a core) finds the engine's answers unread in its pipe: the
+    engine was quiet until the last step, after which the driver read the
+    pipe, not until this one. It is stuck only when the pipe stays quiet
+    for ``idle_s`` as of a step after which the driver read it."""
+    channel = Channel()
+    exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
+                        deadline=50.0, idle_s=1.0)
+    exchange.step(0.0)
+    channel.write_with(len)  # the engine takes the lines
+    exchange.step(0.5)
+    assert exchange.step(9.0) == []  # late: the driver reads the pipe after it
+    channel.receive(b"1\n" * 5)  # what the engine had printed by then
+    assert len(exchange.step(9.0)) == 5 and exchange.done
+    # A pipe still quiet when read after a late step is the engine's silence:
+    channel = Channel()
+    exchange = _predict(channel, range(5), Pacing(batch_size=10, max_in_flight_lines=20),
+                        deadline=50.0, idle_s=1.0)
+    exchange.step(0.0)
+    channel.write_with(len)
+    exchange.step(0.5)
+    exchange.step(9.0)
+    with pytest.raises(VowpalWabbitTimeoutError, match="did not answer for 1 s"):
+        exchange.step(9.0)
 
 
 def test_a_save_with_a_deadline_is_bounded_by_its_deadline_not_the_idle_limit():

@@ -121,6 +121,9 @@ class Exchange:
         self.timed_out = False
         self._progress = -1
         self._quiet_since: Optional[float] = None
+        #: the time of the last idle check: the driver has read the engine's
+        #: pipe since (it pumps after every step that does not end the call)
+        self._looked_at: Optional[float] = None
 
     # -- to be provided by subclasses
 
@@ -159,8 +162,14 @@ class Exchange:
         return self.idle_s is not None and (self.end_at is None or self.idle_before_deadline)
 
     def _check_idle(self, now: float) -> None:
+        """Raise when the engine showed no progress for ``idle_s`` as of the
+        last step: the driver has read its pipe since then, and found
+        nothing. (Judged at ``now``, a step that came late, after an event
+        loop blocked by other work or a descheduled thread, took answers
+        waiting unread in the pipe for the engine's silence.)"""
         if not self._idle_applies():
             return
+        looked_at, self._looked_at = self._looked_at, now
         channel = self.channel
         progress = channel.bytes_written + channel.bytes_received
         if progress != self._progress:  # always so at the first check (-1)
@@ -168,7 +177,7 @@ class Exchange:
             self._quiet_since = now
             return
         assert self.idle_s is not None and self._quiet_since is not None
-        if now - self._quiet_since >= self.idle_s:
+        if looked_at is not None and looked_at - self._quiet_since >= self.idle_s:
             doing = ("writing to it" if channel.unwritten_bytes and not channel.expects_output
                      else self.doing)
             raise VowpalWabbitTimeoutError(
@@ -188,6 +197,8 @@ class Exchange:
         if self._idle_applies() and self._quiet_since is not None:
             assert self.idle_s is not None
             idle_end = self._quiet_since + self.idle_s
+            if self._looked_at is not None and self._looked_at >= idle_end:
+                idle_end = self._looked_at  # (read the pipe, then step at once)
             wake = idle_end if wake is None else min(wake, idle_end)
         return wake
 

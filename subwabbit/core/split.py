@@ -788,13 +788,21 @@ class SplitPredictExchange(Generic[Key]):
 
     # --------------------------------------------------------- time limits
 
-    def stuck_lanes(self, now: float) -> List[Lane[Key]]:
+    def stuck_lanes(self, now: float, looked_at: Optional[float] = None) -> List[Lane[Key]]:
         """Lanes that owe answers and showed no progress for ``idle_s``
-        (see :meth:`note_progress`)."""
+        (see :meth:`note_progress`).
+
+        :param looked_at: when the driver last read the engines' pipes
+            (``None``: ``now``): a lane is stuck when it was quiet for
+            ``idle_s`` as of then, not as of a step that came late (an event
+            loop busy with other tasks), while its answers waited unread
+        """
         if self.idle_s is None:
             return []
         idle_s = self.idle_s
-        return [lane for lane in self.lanes if _quiet_too_long(lane, now, idle_s)]
+        judged_at = now if looked_at is None else looked_at
+        return [lane for lane in self.lanes
+                if _quiet_too_long(lane, now, idle_s, judged_at)]
 
     def note_progress(self, now: float) -> None:
         """Start the idle clock of every lane that owes answers (and restart
@@ -862,9 +870,11 @@ HEDGE_WHILE_DEALING_MIN_S = 0.002
 HEDGE_WAKE_AHEAD_S = 0.0015
 
 
-def _quiet_too_long(lane: Lane, now: float, idle_s: float) -> bool:
+def _quiet_too_long(lane: Lane, now: float, idle_s: float,
+                    judged_at: Optional[float] = None) -> bool:
     """Whether ``lane`` owes answers and its pipes have not moved for
-    ``idle_s`` (its idle clock starts, or starts again, when they move)."""
+    ``idle_s`` by ``judged_at`` (``None``: ``now``; its idle clock starts,
+    or starts again, at ``now`` when they move)."""
     channel = lane.channel
     if not channel.in_flight_lines and not channel.unwritten_bytes:
         lane._progress = -1  # pylint: disable=protected-access
@@ -874,7 +884,9 @@ def _quiet_too_long(lane: Lane, now: float, idle_s: float) -> bool:
         lane._progress = progress  # pylint: disable=protected-access
         lane._quiet_since = now  # pylint: disable=protected-access
         return False
-    return now - lane._quiet_since >= idle_s  # pylint: disable=protected-access
+    if judged_at is None:
+        judged_at = now
+    return judged_at - lane._quiet_since >= idle_s  # pylint: disable=protected-access
 
 
 def _in_flight(lane: Lane) -> int:
