@@ -49,8 +49,11 @@ class _Replacement:
     """
 
     def __init__(self, start: Callable[[Callable[[EngineProcess], None]], EngineProcess],
-                 old: Optional[EngineProcess]) -> None:
+                 old: Optional[EngineProcess], kill_old: bool = False) -> None:
         self.engine: Optional[EngineProcess] = None
+        #: the old engine writes a -f model and its input may end in a cut
+        #: line (see _kill_old): it is killed, not closed
+        self._kill_old = kill_old
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
         self._spawned: Optional[EngineProcess] = None
@@ -68,6 +71,9 @@ class _Replacement:
     def _run(self) -> None:
         try:
             if self._old is not None and not self._old.closed:
+                if self._kill_old:
+                    self._old.kill()
+                    logger.warning("the replaced vw engine: %s", unsaved_model_error(self._old))
                 try:
                     self._old.close(_FAILED_ENGINE_CLOSE_S)
                 except VowpalWabbitError as exc:
@@ -503,7 +509,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             old, self._engine = self._engine, None
             logger.log(logging.INFO if forked else logging.WARNING,
                        "starting a new vw engine in the background (%s)", reason)
-            replacement = self._replacement = _Replacement(self._start_engine, old)
+            replacement = self._replacement = _Replacement(self._start_engine, old,
+                                                           self._old_input_cut())
         wait_s = None if deadline is None else max(0.0, deadline - time.perf_counter())
         if not replacement.done.wait(wait_s):
             return False
@@ -540,7 +547,20 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             if self.restart_on_crash and self._background_restarts \
                     and self._replacement is None and not self._closed:
                 old, self._engine = self._engine, None
-                self._replacement = _Replacement(self._start_engine, old)
+                self._replacement = _Replacement(self._start_engine, old,
+                                                 self._old_input_cut())
+
+    def _old_input_cut(self) -> bool:
+        """For a replacement in the background: whether the engine it
+        replaces writes a ``-f`` model and its input may end in a cut line
+        (a call interrupted in the middle of a line, or inside a write): it
+        is then killed, so that it saves nothing rather than learn the cut
+        line. (The rest is not written there, as :meth:`restart` writes it:
+        the failed call may still be ending on the channel, in another
+        thread.)"""
+        channel = self._channel
+        return (self._writes_final_model and channel is not None
+                and not channel.input_ends_whole)
 
     def _drive(self, engine: EngineProcess, exchange: Exchange,
                detailed: Optional[Dict[str, List[Any]]] = None) -> Iterator[List[Any]]:

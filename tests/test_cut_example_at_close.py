@@ -443,3 +443,51 @@ def test_async_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was
 
     assert asyncio.run(cut_and_close()) < 4.0
     assert path.read_bytes() == b"the model saved before"
+
+
+def test_a_background_restart_after_a_torn_write_keeps_the_old_model_file(tmp_path):
+    # restart_on_crash replaces a failed engine in the background (the
+    # nonblocking class): the engine it replaces is closed as restart()
+    # closes one, killed when its input may end in a cut line, and saves
+    # nothing then.
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitNonBlockingProcess(VowpalWabbitDummyFormatter(),
+                                           ["--quiet", "-f", str(path)], restart_on_crash=True)
+    old = model.pid
+    _train_torn(model)
+    deadline = time.monotonic() + 10.0
+    while model.pid in (None, old) and time.monotonic() < deadline:
+        list(model.predict("", [ITEM], timeout=0.1))  # the torn engine is replaced
+        time.sleep(0.05)
+    assert model.pid not in (None, old)  # (the old engine was closed before it started)
+    assert path.read_bytes() == b"the model saved before"
+    model.close()
+
+
+def test_a_background_restart_after_a_call_failed_mid_line_keeps_the_old_model_file(tmp_path):
+    # The call fails while a line is half written (the engine, stopped,
+    # left the pipe full for io_timeout_s): restart_on_crash replaces the
+    # engine at once, and the one it replaces, running again, must not
+    # learn the cut line into its -f model.
+    path = tmp_path / "model.vw"
+    path.write_bytes(b"the model saved before")
+    model = VowpalWabbitNonBlockingProcess(VowpalWabbitDummyFormatter(),
+                                           ["--quiet", "-f", str(path)], restart_on_crash=True,
+                                           io_timeout_s=0.3)
+    old = model.pid
+    os.kill(old, signal.SIGSTOP)
+    try:
+        with pytest.raises(VowpalWabbitTimeoutError):
+            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+    finally:
+        os.kill(old, signal.SIGCONT)  # before the replacement finds it stopped
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    deadline = time.monotonic() + 10.0
+    while model.pid in (None, old) and time.monotonic() < deadline:
+        list(model.predict("", [ITEM], timeout=0.1))
+        time.sleep(0.05)
+    assert model.pid not in (None, old)  # (the old engine was closed before it started)
+    assert path.read_bytes() == b"the model saved before"
+    model.close()

@@ -276,6 +276,14 @@ class Channel:
         return self._writing
 
     @property
+    def input_ends_whole(self) -> bool:
+        """Whether what the engine was given ends on a whole line: no write
+        was cut short (:attr:`input_torn`), and the bytes written end with a
+        line break, or none were (the buffer starts on a line boundary)."""
+        return not self._writing and (self._out_off == 0
+                                      or self._out[self._out_off - 1] == 0x0A)
+
+    @property
     def torn(self) -> bool:
         """Whether a change of the channel was cut short by an exception:
         one raised between a driver's read or write and the bookkeeping of
