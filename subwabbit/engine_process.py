@@ -325,6 +325,8 @@ class EngineProcess:
         self._failure_reported = False
         #: when the engine was first seen stopped, and is still (see stayed_stopped)
         self._stopped_since: Optional[float] = None
+        #: when it was last seen stopped
+        self._stopped_seen_at = 0.0
         if proc is not None:
             # Started elsewhere (a fork server's child): a Popen-like object
             # with pid, stdin, stdout, stderr, returncode, poll, wait, kill,
@@ -657,13 +659,17 @@ class EngineProcess:
     def stayed_stopped(self, now: float) -> bool:
         """Whether the engine has been stopped (SIGSTOP, a debugger) for
         :data:`STOPPED_GRACE_S` by ``now``, as seen by the calls of this
-        method: the first call that finds it stopped starts the count. A
-        stopped engine cannot finish, so a close kills it then."""
+        method: the first call that finds it stopped starts the count, and
+        so does one that comes more than :data:`STOPPED_GRACE_S` after the
+        last (the engine may have run in between: an earlier stop, seen by
+        an earlier close or fork request, is not this one). A stopped engine
+        cannot finish, so a close kills it then."""
         if _process_state(self.pid) not in ("T", "t"):
             self._stopped_since = None
             return False
-        if self._stopped_since is None:
+        if self._stopped_since is None or now - self._stopped_seen_at > STOPPED_GRACE_S:
             self._stopped_since = now
+        self._stopped_seen_at = now
         return now - self._stopped_since >= STOPPED_GRACE_S
 
     def _drain_stdout(self, until: float) -> bool:
