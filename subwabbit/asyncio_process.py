@@ -33,8 +33,8 @@ from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT
                           check_deadline_settings)
 from .saving import ModelSave, SavePath
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
-                       pump, startup_probe, stuck_engine_error, torn_channel_error,
-                       unsaved_model_error)
+                       killed_under_a_call_error, pump, startup_probe, stuck_engine_error,
+                       torn_channel_error, unsaved_model_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -498,7 +498,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
         engine = self._engine
         if engine is None or engine.closed:
             return
-        held = False
+        held = killed = False
         try:
             if self._turn.busy and engine.returncode is None:
                 # A call in another task is under way: let it meet a dead engine.
@@ -506,6 +506,7 @@ class AsyncVowpalWabbitProcess(ClientBase):
                 if not held:
                     logger.warning("close(): another task's call still holds %r; killing the "
                                    "engine", self)
+                    killed = engine.returncode is None
                     engine.kill()
             self._abandon_channel("the process was closed")
             # (a call cut off in the middle of a line, cancelled say: vw would
@@ -522,6 +523,8 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                   final_model=self._writes_final_model)
             if unsaved:
                 raise unsaved_model_error(engine, stopped, timeout)
+            if killed and self._writes_final_model:
+                raise killed_under_a_call_error(engine, timeout)
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled (the loop is shutting down), or dropped unfinished
             # with a closed loop (GeneratorExit). A call still on the engine

@@ -30,8 +30,8 @@ from .lines import audit_line, parse_scalar
 from .saving import ModelSave, SavePath
 from .sync_driver import drive, run, start_engine, wait_for_file
 # ENGINE_FAILURES stays importable from here, as in 3.0.
-from .transfer import (ENGINE_FAILURES, finish_example, stuck_engine_error,
-                       torn_channel_error, unsaved_model_error)
+from .transfer import (ENGINE_FAILURES, finish_example, killed_under_a_call_error,
+                       stuck_engine_error, torn_channel_error, unsaved_model_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -957,6 +957,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
             its model is not written (pass a longer ``timeout``)
             (or killed because it stayed stopped, SIGSTOP, a debugger: with
             a line a call left cut too)
+            (or killed because another thread's call still held it after half
+            of ``timeout``)
         :raises VowpalWabbitProtocolError: when an engine started with ``-f``
             was killed, unsaved, because a call was interrupted inside a write
             to it (see :func:`~subwabbit.transfer.unsaved_model_error`)
@@ -969,12 +971,16 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
         began = time.perf_counter()
         token = object()
         held = self._wait_for_turn(token, began + timeout / 2)
+        #: the engine close() killed under another thread's call (its -f
+        #: model is then not written, which close() raises)
+        killed_for_call: Optional[EngineProcess] = None
         if not held and self._engine is not None and self._engine.returncode is None:
             # Another thread's call is still running: kill the engine so that
             # it fails at once, and let it end before the pipes are closed.
             logger.warning("close(): another thread's call still holds %r; killing the engine",
                            self)
-            self._engine.kill()
+            killed_for_call = self._engine
+            killed_for_call.kill()
             held = self._wait_for_turn(token, began + timeout * 0.75)
         try:
             with self._turn:  # an engine being adopted is either seen below or refused
@@ -1001,6 +1007,7 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 # cut line into the model it saves; where its rest cannot be
                 # written, the engine must save nothing)
                 unsaved = (self._writes_final_model and self._channel is not None
+                           and killed_for_call is None
                            and not finish_example(self._engine, self._channel,
                                                   began + timeout / 4))
                 stopped = unsaved and self._engine.stayed_stopped(time.perf_counter())
@@ -1020,6 +1027,8 @@ class VowpalWabbitProcessModel(ClientBase, VowpalWabbitBaseModel):
                 failure = None if code is None else left.own_failure(code)
                 if failure is not None:
                     raise failure
+            if killed_for_call is not None and self._writes_final_model:
+                raise killed_under_a_call_error(killed_for_call, timeout)
         finally:
             if held:
                 self._end_turn(token)

@@ -53,6 +53,19 @@ def unsaved_model_error(engine: EngineProcess, stopped: bool = False,
         returncode=engine.proc.returncode, stderr_tail=engine.stderr_tail())
 
 
+def killed_under_a_call_error(engine: EngineProcess,
+                              timeout_s: float) -> VowpalWabbitTimeoutError:
+    """The failure of a ``close()`` that had to kill an engine started with
+    ``-f`` because another thread's (or task's) call still held it after
+    half of the close's timeout: its model is not written."""
+    return VowpalWabbitTimeoutError(
+        "close() killed the vw engine: another call still held it after half of close()'s "
+        f"timeout of {timeout_s:g} s, so its -f model was not written (a model file from "
+        "before was left as it was); end the calls first, or pass close() a longer timeout",
+        argv=engine.argv, returncode=engine.proc.returncode,
+        stderr_tail=engine.stderr_tail())
+
+
 def stuck_engine_error(engine: EngineProcess, channel: Channel, idle_s: Optional[float],
                        argv: Any = None) -> Optional[VowpalWabbitError]:
     """Between calls: the failure of an engine that has owed answers and
