@@ -508,12 +508,22 @@ class AsyncVowpalWabbitProcess(ClientBase):
                                    "engine", self)
                     killed = engine.returncode is None
                     engine.kill()
+                    # The call meets the dead engine and gives the turn back:
+                    # its pipes must stay open until then (closed under its
+                    # wait, they left it waiting for good).
+                    held = await self._turn.acquire(began + timeout * 0.75)
+                    if not held:
+                        self._abandon_channel("the process was closed")
+                        self._turn.call_when_free(engine.close_killed)
+                        if killed and self._writes_final_model:
+                            raise killed_under_a_call_error(engine, timeout)
+                        return
             self._abandon_channel("the process was closed")
             # (a call cut off in the middle of a line, cancelled say: vw would
             # learn the cut line into the model it saves; where its rest
             # cannot be written, the engine must save nothing)
             unsaved = (self._writes_final_model and self._channel is not None
-                       and (held or not self._turn.busy)
+                       and (held or not self._turn.busy) and not killed
                        and not await _finish_example(engine, self._channel,
                                                      began + timeout / 4))
             stopped = unsaved and engine.stayed_stopped(_clock())
