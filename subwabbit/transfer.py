@@ -47,9 +47,10 @@ def unsaved_model_error(engine: EngineProcess, stopped: bool = False,
     if stopped:
         return engine.final_model_lost(timeout_s, stopped=True)
     return VowpalWabbitProtocolError(
-        "the vw engine's -f model was not saved: a call was interrupted while it wrote to the "
-        "engine, whose input would have ended in a cut example, so the engine was killed; a "
-        "model file from before was left as it was", argv=engine.argv,
+        "the vw engine's -f model was not saved: a call was interrupted in the middle of an "
+        "example, and the rest of that example could not be written (the write itself was cut "
+        "short, or the engine did not take the rest in time), so the engine, whose input would "
+        "have ended in a cut example, was killed; a model file from before was left as it was", argv=engine.argv,
         returncode=engine.proc.returncode, stderr_tail=engine.stderr_tail())
 
 
