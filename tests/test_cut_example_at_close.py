@@ -27,31 +27,75 @@ def _interrupt(*_: Any) -> None:
     raise Interrupted()
 
 
+#: a line of the training calls below, and the calls' items, labels and weights
+LINE_BYTES = len(f"1  {ITEM}\n")
+TRAIN = ([ITEM] * 20000, [1] * 20000, [None] * 20000)
+
+
+def _assert_cut_mid_line(model: Any) -> None:
+    written = model._channel.bytes_written  # pylint: disable=protected-access
+    assert written % LINE_BYTES, "the test needs a line cut in the middle"
+
+
+def _cut_mid_line(model: Any, resume: bool = True) -> None:
+    """Interrupt a train call of ``model`` in the middle of a line: its
+    engine, stopped (SIGSTOP), reads nothing, so the call fills the pipe and
+    waits, and a timer interrupts it with a line written in part. The
+    engine goes on (SIGCONT) unless ``resume`` is false."""
+    pid = model.pid
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            model.train("", *TRAIN)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if resume:
+            os.kill(pid, signal.SIGCONT)
+    _assert_cut_mid_line(model)
+
+
+async def _cancel_mid_line(model: Any, resume: bool = True) -> None:
+    """:func:`_cut_mid_line` for the asyncio client: the call is cancelled."""
+    pid = model.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(model.train("", *TRAIN), 0.5)
+    finally:
+        if resume:
+            os.kill(pid, signal.SIGCONT)
+    _assert_cut_mid_line(model)
+
+
+def _resume(pid: int) -> None:
+    """Let a stopped engine go on, if close() has not killed and reaped it."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def _assert_learnt_whole_lines(path: Any) -> Any:
+    """The model saved at ``path`` learnt whole lines only (see :data:`ITEM`):
+    :returns: its prediction for them"""
+    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
+        first, last = check.predict("", ["|i f0", "|i f39"])
+    assert first == last
+    return first
+
+
 @pytest.mark.parametrize("cls, options", [(VowpalWabbitProcess, {"write_only": True}),
                                           (VowpalWabbitProcess, {}),
                                           (VowpalWabbitNonBlockingProcess, {})])
 def test_close_after_a_call_cut_mid_line_saves_no_cut_example(cls, options, tmp_path):
     path = str(tmp_path / "model.vw")
     model = cls(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path], **options)
-    line_bytes = len(f"1  {ITEM}\n")
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    # A stopped engine reads nothing: the call fills the pipe and waits, and
-    # the timer interrupts it with a line written in part.
-    os.kill(model.pid, signal.SIGSTOP)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        os.kill(model.pid, signal.SIGCONT)
-    written = model._channel.bytes_written  # pylint: disable=protected-access
-    assert written % line_bytes, "the test needs a line cut in the middle"
+    _cut_mid_line(model)
     model.close()
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last
+    _assert_learnt_whole_lines(path)
 
 
 def test_close_after_a_cancelled_async_call_saves_no_cut_example(tmp_path):
@@ -60,45 +104,21 @@ def test_close_after_a_cancelled_async_call_saves_no_cut_example(tmp_path):
     async def cut_call() -> None:
         model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
         await model.start()
-        os.kill(model.pid, signal.SIGSTOP)  # (see above)
-        try:
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
-        finally:
-            os.kill(model.pid, signal.SIGCONT)
-        written = model._channel.bytes_written  # pylint: disable=protected-access
-        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await _cancel_mid_line(model)
         await model.close()
 
     asyncio.run(cut_call())
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last
+    _assert_learnt_whole_lines(path)
 
 
 def test_reload_after_a_call_cut_mid_line_saves_no_cut_example(tmp_path):
     path = str(tmp_path / "model.vw")
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path],
                                 write_only=True)
-    old_pid = model.pid
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    os.kill(old_pid, signal.SIGSTOP)  # (see above)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        os.kill(old_pid, signal.SIGCONT)
-    written = model._channel.bytes_written  # pylint: disable=protected-access
-    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    _cut_mid_line(model)
     model.reload(["--quiet", "-f", str(tmp_path / "next.vw")])
     model.close()  # (it waits for the replaced engine's close)
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last
+    _assert_learnt_whole_lines(path)
 
 
 def test_async_reload_after_a_cancelled_call_saves_no_cut_example(tmp_path):
@@ -107,48 +127,23 @@ def test_async_reload_after_a_cancelled_call_saves_no_cut_example(tmp_path):
     async def cut_call_then_reload() -> None:
         model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
         await model.start()
-        old_pid = model.pid
-        os.kill(old_pid, signal.SIGSTOP)  # (see above)
-        try:
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
-        finally:
-            os.kill(old_pid, signal.SIGCONT)
-        written = model._channel.bytes_written  # pylint: disable=protected-access
-        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await _cancel_mid_line(model)
         await model.reload(["--quiet", "-f", str(tmp_path / "next.vw")])
         await model.close()  # (it waits for the replaced engine's close)
 
     asyncio.run(cut_call_then_reload())
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last
+    _assert_learnt_whole_lines(path)
 
 
 def test_a_dropped_process_saves_no_cut_example(tmp_path):
     path = str(tmp_path / "model.vw")
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path],
                                 write_only=True)
-    pid = model.pid
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    os.kill(pid, signal.SIGSTOP)  # (see above)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        os.kill(pid, signal.SIGCONT)
-    written = model._channel.bytes_written  # pylint: disable=protected-access
-    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    _cut_mid_line(model)
     with pytest.warns(ResourceWarning):
         del model  # never closed: it lets go of its engine, which saves its model
         gc.collect()
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last
+    _assert_learnt_whole_lines(path)
 
 
 def _tear_next_write(model: Any) -> None:
@@ -261,24 +256,10 @@ def test_async_reload_after_a_torn_write_keeps_the_old_model_file(tmp_path):
 def test_restart_after_a_call_cut_mid_line_saves_no_cut_example(tmp_path):
     path = str(tmp_path / "model.vw")
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
-    old_pid = model.pid
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    os.kill(old_pid, signal.SIGSTOP)  # (see above)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        os.kill(old_pid, signal.SIGCONT)
-    written = model._channel.bytes_written  # pylint: disable=protected-access
-    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    _cut_mid_line(model)
     model.restart()  # the old engine saves its model as it closes
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
+    _assert_learnt_whole_lines(path)
     model.close()
-    assert first == last
 
 
 def test_async_restart_after_a_cancelled_call_saves_no_cut_example(tmp_path):
@@ -287,22 +268,10 @@ def test_async_restart_after_a_cancelled_call_saves_no_cut_example(tmp_path):
     async def cut_call_then_restart() -> None:
         model = AsyncVowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", path])
         await model.start()
-        old_pid = model.pid
-        os.kill(old_pid, signal.SIGSTOP)  # (see above)
-        try:
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
-        finally:
-            os.kill(old_pid, signal.SIGCONT)
-        written = model._channel.bytes_written  # pylint: disable=protected-access
-        assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+        await _cancel_mid_line(model)
         await model.restart()  # the old engine saves its model as it closes
-        with VowpalWabbitProcess(VowpalWabbitDummyFormatter(),
-                                 ["-i", path, "-t", "--quiet"]) as check:
-            first, last = check.predict("", ["|i f0", "|i f39"])
+        _assert_learnt_whole_lines(path)
         await model.close()
-        assert first == last
 
     asyncio.run(cut_call_then_restart())
 
@@ -342,9 +311,7 @@ def test_close_after_a_torn_read_saves_the_model(tmp_path):
     assert channel.torn and not channel.input_torn
     model.close()
     assert path.read_bytes() != b"the model saved before"
-    with VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["-i", path, "-t", "--quiet"]) as check:
-        first, last = check.predict("", ["|i f0", "|i f39"])
-    assert first == last != 0
+    assert _assert_learnt_whole_lines(path) != 0
 
 
 def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_model(tmp_path):
@@ -355,40 +322,14 @@ def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_m
     path.write_bytes(b"the model saved before")
     model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)],
                                 write_only=True)
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    os.kill(model.pid, signal.SIGSTOP)
+    pid = model.pid
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        assert model._channel.bytes_written % len(f"1  {ITEM}\n")  # pylint: disable=protected-access
+        _cut_mid_line(model, resume=False)
         with pytest.raises(VowpalWabbitError, match="model was not written"):
             model.close(timeout=2.0)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        try:
-            os.kill(model.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        _resume(pid)
     assert path.read_bytes() == b"the model saved before"
-
-
-def _cut_a_line_on_a_stopped_engine(model: Any) -> None:
-    """Leave ``model``'s engine stopped (SIGSTOP) with a train call cut in
-    the middle of a line, the rest of it unwritten (the pipe is full)."""
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    os.kill(model.pid, signal.SIGSTOP)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(Interrupted):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    channel = model._channel  # pylint: disable=protected-access
-    assert channel.bytes_written % len(f"1  {ITEM}\n") and channel.unwritten_bytes
 
 
 def test_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was_stopped(tmp_path):
@@ -402,16 +343,14 @@ def test_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was_stopp
                                 write_only=True)
     pid = model.pid
     try:
-        _cut_a_line_on_a_stopped_engine(model)
+        _cut_mid_line(model, resume=False)
+        assert model._channel.unwritten_bytes  # pylint: disable=protected-access
         began = time.monotonic()
         with pytest.raises(VowpalWabbitTimeoutError, match="stopped"):
             model.close()
         assert time.monotonic() - began < 4.0
     finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        _resume(pid)
     assert path.read_bytes() == b"the model saved before"
 
 
@@ -425,21 +364,15 @@ def test_async_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was
                                          ["--quiet", "-f", str(path)])
         await model.start()
         pid = model.pid
-        os.kill(pid, signal.SIGSTOP)
         try:
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000), 0.5)
+            await _cancel_mid_line(model, resume=False)
             assert model._channel.unwritten_bytes  # pylint: disable=protected-access
             began = time.monotonic()
             with pytest.raises(VowpalWabbitTimeoutError, match="stopped"):
                 await model.close()
             return time.monotonic() - began
         finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            _resume(pid)
 
     assert asyncio.run(cut_and_close()) < 4.0
     assert path.read_bytes() == b"the model saved before"
@@ -479,11 +412,10 @@ def test_a_background_restart_after_a_call_failed_mid_line_keeps_the_old_model_f
     os.kill(old, signal.SIGSTOP)
     try:
         with pytest.raises(VowpalWabbitTimeoutError):
-            model.train("", [ITEM] * 20000, [1] * 20000, [None] * 20000)
+            model.train("", *TRAIN)
     finally:
         os.kill(old, signal.SIGCONT)  # before the replacement finds it stopped
-    written = model._channel.bytes_written  # pylint: disable=protected-access
-    assert written % len(f"1  {ITEM}\n"), "the test needs a line cut in the middle"
+    _assert_cut_mid_line(model)
     deadline = time.monotonic() + 10.0
     while model.pid in (None, old) and time.monotonic() < deadline:
         list(model.predict("", [ITEM], timeout=0.1))
