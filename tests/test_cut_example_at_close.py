@@ -314,24 +314,6 @@ def test_close_after_a_torn_read_saves_the_model(tmp_path):
     assert _assert_learnt_whole_lines(path) != 0
 
 
-def test_close_of_an_engine_that_does_not_take_the_rest_of_a_cut_line_saves_no_model(tmp_path):
-    # The engine stays stopped: the rest of the cut line cannot be written,
-    # so the engine is killed rather than left to learn the cut line, and
-    # close() says the model was not written.
-    path = tmp_path / "model.vw"
-    path.write_bytes(b"the model saved before")
-    model = VowpalWabbitProcess(VowpalWabbitDummyFormatter(), ["--quiet", "-f", str(path)],
-                                write_only=True)
-    pid = model.pid
-    try:
-        _cut_mid_line(model, resume=False)
-        with pytest.raises(VowpalWabbitError, match="model was not written"):
-            model.close(timeout=2.0)
-    finally:
-        _resume(pid)
-    assert path.read_bytes() == b"the model saved before"
-
-
 def test_close_of_a_stopped_engine_with_a_cut_line_ends_soon_saying_it_was_stopped(tmp_path):
     # A stopped engine never takes the rest of the cut line: close() kills it
     # once it has stayed stopped for STOPPED_GRACE_S, as it does an engine
