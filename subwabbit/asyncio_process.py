@@ -33,8 +33,8 @@ from .nonblocking import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_PENDING_LINES, DEFAULT
                           check_deadline_settings)
 from .saving import ModelSave, SavePath
 from .transfer import (ENGINE_FAILURES, YIELD_AFTER_S, check_probe_result, file_wait_error,
-                       killed_under_a_call_error, pump, startup_probe, stuck_engine_error,
-                       torn_channel_error, unsaved_model_error)
+                       finish_example_step, killed_under_a_call_error, pump, startup_probe,
+                       stuck_engine_error, torn_channel_error, unsaved_model_error)
 
 logger = logging.getLogger("subwabbit")
 
@@ -163,27 +163,18 @@ def _set_granted(waiter: "asyncio.Future[bool]") -> None:
 async def _finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> bool:
     """:func:`~subwabbit.transfer.finish_example` on the event loop: the
     rest of a partly written example goes to the engine before its input
-    closes, by ``deadline`` at the latest.
+    closes, by ``deadline`` at the latest, turn by turn
+    (:func:`~subwabbit.transfer.finish_example_step`), yielding to the loop
+    in between.
 
     :returns: whether the engine's input ends on a whole line (else the
-        caller kills it, so that it saves nothing); ``False`` as soon as
-        the engine has stayed stopped (SIGSTOP, a debugger: see
-        :meth:`EngineProcess.stayed_stopped
-        <subwabbit.engine_process.EngineProcess.stayed_stopped>`)
+        caller kills it, so that it saves nothing)
     """
-    if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
-        return not channel.input_torn and not channel.unwritten_bytes
-    try:
-        while channel.unwritten_bytes:
-            if _clock() >= deadline:
-                return False
-            if not pump(engine, channel, deadline):
-                if engine.stayed_stopped(_clock()):
-                    return False
-                await asyncio.sleep(0.001)
-    except VowpalWabbitError:  # it ended: closing it reports why
-        return False
-    return True
+    while True:
+        done = finish_example_step(engine, channel, deadline)
+        if done is not None:
+            return done
+        await asyncio.sleep(0.001)
 
 
 class AsyncVowpalWabbitProcess(ClientBase):

@@ -50,8 +50,8 @@ def unsaved_model_error(engine: EngineProcess, stopped: bool = False,
         "the vw engine's -f model was not saved: a call was interrupted in the middle of an "
         "example, and the rest of that example could not be written (the write itself was cut "
         "short, or the engine did not take the rest in time), so the engine, whose input would "
-        "have ended in a cut example, was killed; a model file from before was left as it was", argv=engine.argv,
-        returncode=engine.proc.returncode, stderr_tail=engine.stderr_tail())
+        "have ended in a cut example, was killed; a model file from before was left as it was",
+        argv=engine.argv, returncode=engine.proc.returncode, stderr_tail=engine.stderr_tail())
 
 
 def killed_under_a_call_error(engine: EngineProcess,
@@ -138,13 +138,42 @@ def pump(engine: EngineProcess, channel: Channel, status_deadline: Optional[floa
     return moved
 
 
+def finish_example_step(engine: EngineProcess, channel: Channel,
+                        deadline: float) -> Optional[bool]:
+    """One turn of :func:`finish_example`, for the drivers that wait their
+    own way between turns (the event loop's): write what the engine takes
+    of the rest of a partly written example, reading and dropping what it
+    prints.
+
+    :returns: ``True`` when the engine's input ends on a whole line
+        (:attr:`~subwabbit.core.channel.Channel.input_ends_whole` on a
+        :attr:`~subwabbit.core.channel.Channel.torn` channel, to which
+        nothing is written: its bytes are unknown), ``False`` when it cannot
+        be made to (the deadline passed, the engine stayed stopped or
+        ended), ``None`` when the engine took nothing yet: wait for its
+        pipes, then take another turn
+    """
+    if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
+        return channel.input_ends_whole
+    try:
+        while channel.unwritten_bytes:
+            if not pump(engine, channel, deadline):
+                now = _clock()
+                if now >= deadline or engine.stayed_stopped(now):
+                    return False
+                return None
+    except VowpalWabbitError:  # it ended: closing it reports why
+        return False
+    return True
+
+
 def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> bool:
     """Before the input of an engine that saves a ``-f`` model is closed:
     write the rest of the example a call left partly written (interrupted in
     the middle of a line, say), so that the engine does not take the cut
     line, at the end of its input, for a whole example and learn it into the
     model it saves. What the engine prints meanwhile is read and dropped
-    (the channel was let go).
+    (the channel was let go). Turn by turn (:func:`finish_example_step`).
 
     Nothing is written to a :attr:`~subwabbit.core.channel.Channel.torn`
     channel, whose bytes are unknown. When this returns ``False`` the caller
@@ -161,18 +190,11 @@ def finish_example(engine: EngineProcess, channel: Channel, deadline: float) -> 
         the channel held was written, and no write was cut short
         (:attr:`~subwabbit.core.channel.Channel.input_torn`)
     """
-    if channel.torn:  # (by a read, its input intact, or by a write, its input unknown)
-        return not channel.input_torn and not channel.unwritten_bytes
-    try:
-        while channel.unwritten_bytes:
-            if not pump(engine, channel, deadline):
-                now = _clock()
-                if now >= deadline or engine.stayed_stopped(now):
-                    return False
-                engine.wait(engine.prints_answers, True, min(deadline, now + STOPPED_POLL_S))
-    except VowpalWabbitError:  # it ended: closing it reports why
-        return False
-    return True
+    while True:
+        done = finish_example_step(engine, channel, deadline)
+        if done is not None:
+            return done
+        engine.wait(engine.prints_answers, True, min(deadline, _clock() + STOPPED_POLL_S))
 
 
 #: How many probes the start-up check sends: with two, an engine that prints
