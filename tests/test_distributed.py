@@ -18,7 +18,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -967,6 +967,35 @@ def test_a_worker_that_dies_fails_the_job_and_its_engine_dies_with_it(calls, ren
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def _run_job_while_stopped(client: Any, calls: Any, timeout_s: float,
+                           resume: Callable[[], None]) -> Dict[str, Any]:
+    """Run a 2-node job with ``timeout_s`` on a thread of its own, give it
+    20 s, then ``resume()`` the workers a test stopped and let it end.
+
+    :returns: the job's ``error`` (if any) and how long it took (``elapsed``,
+        missing when the job was still running after 50 s)
+    """
+    outcome: Dict[str, Any] = {}
+
+    def run():
+        began = time.monotonic()
+        try:
+            run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
+                    timeout_s=timeout_s)
+        except BaseException as exc:  # pylint: disable=broad-except
+            outcome["error"] = exc
+        outcome["elapsed"] = time.monotonic() - began
+
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        thread.join(20)
+    finally:
+        resume()
+    thread.join(30)
+    return outcome
+
+
 def test_a_stopped_worker_cannot_hold_the_job_past_its_timeout(calls, rendezvous_log):
     """Dask's scatter of a shard to a stopped worker (SIGSTOP) never
     returned, and run_job waited in it long past its timeout_s (200 s and
@@ -977,24 +1006,8 @@ def test_a_stopped_worker_cannot_hold_the_job_past_its_timeout(calls, rendezvous
         stuck = sorted(client.nthreads())[1]  # node 1's worker
         pid = client.run(os.getpid, workers=[stuck])[stuck]
         os.kill(pid, signal.SIGSTOP)
-        outcome: Dict[str, Any] = {}
-
-        def run():
-            began = time.monotonic()
-            try:
-                run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
-                        timeout_s=3)
-            except BaseException as exc:  # pylint: disable=broad-except
-                outcome["error"] = exc
-            outcome["elapsed"] = time.monotonic() - began
-
-        thread = threading.Thread(target=run, daemon=True)
-        try:
-            thread.start()
-            thread.join(20)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        thread.join(30)
+        outcome = _run_job_while_stopped(client, calls, 3,
+                                         lambda: os.kill(pid, signal.SIGCONT))
         assert "elapsed" in outcome, "run_job was still running 20 s into a 3 s job"
         assert outcome["elapsed"] < 10
         error = outcome["error"]
@@ -1029,25 +1042,12 @@ def test_a_worker_stopped_before_its_report_is_gathered_cannot_hold_the_job(
             stopped.append(pids[stuck])
 
         monkeypatch.setattr(job_module, "_supervise", supervise_then_stop)
-        outcome: Dict[str, Any] = {}
 
-        def run():
-            began = time.monotonic()
-            try:
-                run_job(client, split(calls, 2), VowpalWabbitDummyFormatter(), ARGS,
-                        timeout_s=5)
-            except BaseException as exc:  # pylint: disable=broad-except
-                outcome["error"] = exc
-            outcome["elapsed"] = time.monotonic() - began
-
-        thread = threading.Thread(target=run, daemon=True)
-        try:
-            thread.start()
-            thread.join(20)
-        finally:
+        def resume():
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
-        thread.join(30)
+
+        outcome = _run_job_while_stopped(client, calls, 5, resume)
         assert "elapsed" in outcome, "run_job was still running 20 s into a 5 s job"
         assert outcome["elapsed"] < 10
         error = outcome["error"]
